@@ -1,0 +1,72 @@
+"""`torch.compile(model, backend="fxfuse")`: Inductor with the fxfuse passes as its post-grad
+custom pass (with a uuid, so Inductor's FX graph cache keys on fxfuse's code and config)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+import torch
+import torch.fx as fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from fxfuse.fusion.config import FusionConfig
+from fxfuse.fusion.passes import run_passes
+from fxfuse.fusion.report import FusionReport
+
+_REPORTS: list[FusionReport] = []
+
+
+@functools.cache
+def _source_hash() -> str:
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")) + sorted(root.rglob("*.json")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+class FxfusePostGradPass(CustomGraphPass):
+    def __init__(self, config: FusionConfig, report: FusionReport):
+        self.config, self.report = config, report
+
+    def __call__(self, graph: fx.Graph) -> None:
+        self.report.merge(run_passes(graph, self.config))
+
+    def uuid(self) -> bytes:
+        return hashlib.sha256((_source_hash() + repr(self.config)).encode()).digest()
+
+
+def fxfuse_backend(gm: fx.GraphModule, example_inputs, config: FusionConfig | None = None):
+    """The registered `fxfuse` torch.compile backend; `options={"config": FusionConfig(...)}`
+    style use goes through `make_backend(config)`."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    report = FusionReport(target=(config or FusionConfig()).resolved_target())
+    _REPORTS.append(report)
+    custom_pass = FxfusePostGradPass(config or FusionConfig(), report)
+    with inductor_config.patch(post_grad_custom_post_pass=custom_pass):
+        return compile_fx(gm, example_inputs)
+
+
+def make_backend(config: FusionConfig):
+    """A backend callable bound to `config`: torch.compile(model, backend=make_backend(cfg))."""
+    return functools.partial(fxfuse_backend, config=config)
+
+
+def last_report() -> FusionReport:
+    """The FusionReport of the most recent graph(s) compiled with backend="fxfuse" (one backend
+    call: its forward, and its backward when compiled; an empty report before any)."""
+    return _REPORTS[-1] if _REPORTS else FusionReport()
+
+
+def register() -> None:
+    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+
+    if "fxfuse" not in _COMPILER_FNS:
+        register_backend(name="fxfuse")(fxfuse_backend)
+
+
+del torch

@@ -1,0 +1,57 @@
+"""`apply_fusions`: capture a model with torch.export (non-strict), rewrite, return a module."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+from fxfuse.fusion.config import FusionConfig
+from fxfuse.fusion.passes import run_passes
+
+
+def apply_fusions(
+    model: torch.nn.Module,
+    example_inputs,
+    config: FusionConfig | None = None,
+    dynamic_shapes=None,
+) -> fx.GraphModule:
+    """Returns a callable module equivalent to `model` with fused kernels; its `fxfuse_report`
+    says what was rewritten and which near-misses were left (with reasons).
+
+    An nn.Module is captured with `torch.export.export(..., strict=False)`; `dynamic_shapes` is
+    passed through. A GraphModule is rewritten in place (its nodes get fake values from
+    `example_inputs` first when they have none).
+    """
+    if config is not None and not isinstance(config, FusionConfig):
+        raise ValueError(f"config: expected a FusionConfig or None, got {type(config).__name__}")
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if not isinstance(example_inputs, (tuple, list)):
+        raise ValueError(
+            f"example_inputs: expected a tuple of inputs, got {type(example_inputs).__name__}"
+        )
+    example_inputs = tuple(example_inputs)
+    if isinstance(model, fx.GraphModule):
+        gm = model
+        _ensure_fake_values(gm, example_inputs)
+    elif isinstance(model, torch.nn.Module):
+        exported = torch.export.export(
+            model, example_inputs, dynamic_shapes=dynamic_shapes, strict=False
+        )
+        gm = exported.module()
+    else:
+        raise ValueError(f"model: expected an nn.Module or fx.GraphModule, got {type(model).__name__}")
+    gm.fxfuse_report = run_passes(gm, config)
+    return gm
+
+
+
+
+def _ensure_fake_values(gm: fx.GraphModule, example_inputs: tuple) -> None:
+    if all("val" in n.meta for n in gm.graph.nodes if n.op not in ("output",)):
+        return
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fake_inputs)

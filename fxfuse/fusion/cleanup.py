@@ -1,0 +1,101 @@
+"""Graph hygiene around the passes: identities the spellings leave, duplicate canonical ops, DCE,
+and the lint that runs after every pass."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from fxfuse.patterns.rule import val
+
+aten = torch.ops.aten
+VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+
+
+def simplify(graph: fx.Graph) -> None:
+    """Drops metadata asserts, `x * 1` (`1 / t` traces as `reciprocal(t) * 1`) and view chains."""
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target is aten._assert_tensor_metadata.default:
+            graph.erase_node(node)
+        elif node.target is aten.mul.Tensor and _is_identity_mul(node):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+        elif node.target in VIEWS:
+            src = node.args[0]
+            if isinstance(src, fx.Node) and src.target in VIEWS and len(src.users) == 1:
+                node.args = (src.args[0], *node.args[1:])
+                graph.erase_node(src)
+                src = node.args[0]
+            if _same_shape(val(src), val(node)):
+                node.replace_all_uses_with(src)
+                graph.erase_node(node)
+
+
+def _is_identity_mul(node: fx.Node) -> bool:
+    a, b = node.args[0], node.args[1]
+    if not isinstance(a, fx.Node) or isinstance(b, fx.Node) or isinstance(b, bool) or b != 1:
+        return False
+    va, vo = val(a), val(node)
+    return isinstance(va, torch.Tensor) and vo is not None and va.dtype == vo.dtype
+
+
+def _same_shape(a, b) -> bool:
+    return (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and tuple(a.shape) == tuple(b.shape)
+        and a.dtype == b.dtype
+        and a.is_contiguous() == b.is_contiguous()
+    )
+
+
+def merge_duplicates(graph: fx.Graph, targets: tuple) -> int:
+    """Replaces later calls of `targets` with identical arguments by the first (Llama's q, k and v
+    projections each quantizing the same normed input). Returns how many were merged."""
+    seen: dict[tuple, fx.Node] = {}
+    merged = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in targets:
+            continue
+        key = (node.target, _key(node.args), _key(tuple(sorted(node.kwargs.items()))))
+        first = seen.setdefault(key, node)
+        if first is not node:
+            node.replace_all_uses_with(first)
+            graph.erase_node(node)
+            merged += 1
+    if merged:
+        _merge_getitems(graph)
+    return merged
+
+
+def _merge_getitems(graph: fx.Graph) -> None:
+    import operator
+
+    seen: dict[tuple, fx.Node] = {}
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is operator.getitem:
+            key = (node.args[0], node.args[1])
+            first = seen.setdefault(key, node)
+            if first is not node:
+                node.replace_all_uses_with(first)
+                graph.erase_node(node)
+
+
+def _key(value):
+    if isinstance(value, (list, tuple)):
+        return tuple(_key(v) for v in value)
+    if isinstance(value, fx.Node):
+        return ("node", id(value))
+    return ("lit", type(value).__name__, repr(value))
+
+
+def finish(module: fx.GraphModule | fx.Graph) -> None:
+    """Lint and recompile: a pass never leaves a broken graph. (The rewrites erase what they
+    made dead themselves; a global DCE would also drop export's input-guard module call.)"""
+    if isinstance(module, fx.GraphModule):
+        module.graph.lint()
+        module.recompile()
+    else:
+        module.lint()

@@ -1,0 +1,168 @@
+"""The rewrite engine: rules, the one place that checks extra users, and graph surgery.
+
+A `Rule` is data: a report name, a spelling pattern, a guard and a replacement. `run_rules`
+finds every match of every rule, drops matches whose interior values escape the match, asks each
+guard (which returns a reason string on failure, recorded as a near-miss), and lets the
+replacement build new nodes; the engine rewires the outputs, erases what became dead and lints.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+from fxfuse.patterns.matcher import Match, match_at
+from fxfuse.patterns.rule import Context, Inserter, Rule
+
+def fake_mode_of(graph: fx.Graph) -> FakeTensorMode:
+    from torch._guards import detect_fake_mode
+
+    vals = [n.meta.get("val") for n in graph.nodes if n.meta.get("val") is not None]
+    flat = [v for v in fx.node.map_aggregate(vals, lambda x: x) if isinstance(v, torch.Tensor)]
+    mode = detect_fake_mode(flat) if flat else None
+    return mode or FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+
+
+def _leaves(nodes: list[fx.Node]) -> list[fx.Node]:
+    inside = set(nodes)
+    found: dict[fx.Node, None] = {}
+    for node in nodes:
+        for arg in node.all_input_nodes:
+            if arg not in inside:
+                found[arg] = None
+    return list(found)
+
+
+def escaping_interior(match: Match, outputs: Sequence[fx.Node], allowed: set[fx.Node]) -> fx.Node | None:
+    """An interior node (not an output) used outside the match and outside `allowed`, if any."""
+    inside = set(match.nodes)
+    outs = set(outputs)
+    for node in match.nodes:
+        if node in outs:
+            continue
+        for user in node.users:
+            if user not in inside and user not in allowed:
+                return node
+    return None
+
+
+def _position(graph: fx.Graph) -> dict[fx.Node, int]:
+    return {n: i for i, n in enumerate(graph.nodes)}
+
+
+def run_rule(rule: Rule, ctx: Context, roots: Callable[[fx.Node], bool] | None = None) -> int:
+    """Applies `rule` everywhere it matches; returns the number of rewrites."""
+    graph = ctx.graph
+    candidates: list[tuple[Match, list[fx.Node]]] = []
+    claimed: set[fx.Node] = set()
+    for node in reversed(list(graph.nodes)):
+        if node.op != "call_function" or node in claimed or (roots and not roots(node)):
+            continue
+        match = match_at(rule.pattern, node)
+        if match is None:
+            continue
+        outputs = list(rule.outputs(match))
+        candidates.append((match, outputs))
+        claimed.update(match.nodes)
+    # Interior values may be shared between two matches of the same rule (CSE merges the x² of two
+    # norms of one input, say): those uses are covered by the other rewrite.
+    shared = set().union(*(set(m.nodes) for m, _ in candidates)) if candidates else set()
+    done, erased = 0, set()
+    for match, outputs in candidates:
+        if any(n in erased for n in match.nodes):
+            continue  # consumed by an earlier rewrite of this run
+        escaped = escaping_interior(match, outputs, shared)
+        if escaped is not None:
+            users = ", ".join(u.name for u in escaped.users)
+            ctx.report.reject(
+                rule.report_name, match.root.name, f"intermediate {escaped.name} has other users ({users})"
+            )
+            continue
+        reason = rule.guard(match, ctx) if rule.guard else None
+        if reason:
+            ctx.report.reject(rule.report_name, match.root.name, reason)
+            continue
+        removed = _rewrite(rule, match, outputs, ctx)
+        if removed is not None:
+            erased |= removed
+            done += 1
+    return done
+
+
+def _rewrite(rule: Rule, match: Match, outputs: list[fx.Node], ctx: Context) -> set | None:
+    """Replaces the match; returns the erased nodes, or None where it refused."""
+    graph = ctx.graph
+    pos = _position(graph)
+    leaves = _leaves(match.nodes)
+    inside = set(match.nodes)
+    external_users = [u for o in outputs for u in o.users if u not in inside]
+    first_user = min((pos[u] for u in external_users), default=len(pos))
+    last_leaf = max((pos[leaf] for leaf in leaves), default=-1)
+    if last_leaf >= first_user:
+        ctx.report.reject(rule.report_name, match.root.name, "inputs are defined after a consumer")
+        return None
+    # Insert right after the last input so every new node precedes every consumer.
+    anchor = next(n for n in graph.nodes if pos[n] == last_leaf + 1) if last_leaf + 1 < len(pos) else None
+    if anchor is None:
+        return None
+    inserter = Inserter(ctx, anchor)
+    try:
+        new_values = list(rule.replace(match, ctx, inserter))
+    except ValueError as err:
+        for node in reversed(inserter.created):
+            graph.erase_node(node)
+        ctx.report.reject(rule.report_name, match.root.name, f"replacement refused: {err}")
+        return None
+    if len(new_values) != len(outputs):
+        raise AssertionError(f"rule {rule.name}: {len(new_values)} values for {len(outputs)} outputs")
+    stale = [n for old, new in zip(outputs, new_values) for n in _rewire(old, new, inside)]
+    erased = _erase_dead(graph, match.nodes + stale)
+    if rule.canonical:
+        ctx.report.canonicalized[rule.name] = ctx.report.canonicalized.get(rule.name, 0) + 1
+    else:
+        created = ", ".join(
+            sorted({str(n.target) for n in inserter.created if n.target is not operator.getitem})
+        )
+        ctx.report.add_rewrite(rule.name, match.root.name, created)
+    return erased
+
+
+def _rewire(old: fx.Node, new, inside: set[fx.Node]) -> list[fx.Node]:
+    """Points the users of `old` at `new`: a node, or for a tuple-valued `old` a list with one
+    value per index (None for an index only the match itself used). Returns getitems left dead."""
+    if new is None:
+        return []
+    if isinstance(new, fx.Node):
+        old.replace_all_uses_with(new)
+        return []
+    stale = []
+    for user in list(old.users):
+        if user in inside:
+            continue
+        if user.target is not operator.getitem:
+            raise AssertionError(f"{old.name} is tuple-valued but {user.name} is not a getitem")
+        value = new[user.args[1]]
+        if value is None:
+            raise AssertionError(f"{user.name} is used but its replacement is None")
+        user.replace_all_uses_with(value)
+        stale.append(user)
+    return stale
+
+
+def _erase_dead(graph: fx.Graph, nodes: list[fx.Node]) -> set[fx.Node]:
+    """Erases the given nodes, and inputs of theirs, once nothing uses them."""
+    pending, erased = list(nodes), set()
+    while pending:
+        node = pending.pop()
+        if node in erased or node.users or node.op != "call_function" or node.is_impure():
+            continue
+        inputs = node.all_input_nodes
+        graph.erase_node(node)
+        erased.add(node)
+        pending.extend(inputs)
+    return erased

@@ -1,0 +1,11 @@
+"""Pattern families, one module each; every module exports RULES, most-fused first.
+
+CANONICAL_RULES turn spellings into canonical ops; FUSION_RULES (in order) replace chains of
+canonical ops with fused kernels. Adding a spelling is an edit to one family's module.
+"""
+
+from fxfuse.patterns import quant, rms_norm, rms_norm_quant
+
+CANONICAL_RULES = rms_norm.RULES + quant.RULES
+CANONICAL_TARGETS = quant.CANONICAL_TARGETS
+FUSION_RULES = rms_norm_quant.RULES

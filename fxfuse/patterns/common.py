@@ -1,0 +1,84 @@
+"""Pattern pieces and guard helpers shared by the pattern modules."""
+
+from __future__ import annotations
+
+import sympy
+import torch
+import torch.fx as fx
+
+from fxfuse.patterns.rule import val
+from fxfuse.patterns.matcher import Alt, Cast, Lit, Op
+
+aten = torch.ops.aten
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+ADD = (aten.add.Tensor, aten.add.Scalar)
+MUL = (aten.mul.Tensor, aten.mul.Scalar)
+DIV = (aten.div.Tensor, aten.div.Scalar)
+
+
+def maybe_cast(inner, dtype=None, name=None):
+    """`inner` or any cast of it (to `dtype` when given)."""
+    return Alt(Cast(inner, dtype), inner, name=name)
+
+
+def plain_add(node: fx.Node) -> bool:
+    """An add with alpha 1 (the default)."""
+    return node.kwargs.get("alpha", 1) == 1 and (len(node.args) < 3 or node.args[2] == 1)
+
+
+def is_last_dim(dims, ndim: int) -> bool:
+    """`dims` names exactly the last dim (as -1 or ndim-1)."""
+    if isinstance(dims, int):
+        dims = [dims]
+    return isinstance(dims, (list, tuple)) and len(dims) == 1 and dims[0] in (-1, ndim - 1)
+
+
+def static_int(size) -> int | None:
+    """A size as a Python int, or None when it is symbolic."""
+    if isinstance(size, int):
+        return size
+    expr = getattr(getattr(size, "node", None), "expr", None)
+    if isinstance(expr, sympy.Integer):
+        return int(expr)
+    return None
+
+
+def same_size(a, b) -> bool:
+    """Two sizes are provably equal (ints or sympy expressions)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    ea = getattr(getattr(a, "node", None), "expr", a)
+    eb = getattr(getattr(b, "node", None), "expr", b)
+    try:
+        return sympy.simplify(sympy.sympify(ea) - sympy.sympify(eb)) == 0
+    except (sympy.SympifyError, TypeError):
+        return False
+
+
+def as_float(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def tensor_of(node, what: str) -> tuple[torch.Tensor | None, str | None]:
+    """(fake value, None) or (None, reason) for a node that should be a tensor."""
+    v = val(node)
+    if not isinstance(v, torch.Tensor):
+        return None, f"{what} has no tensor metadata"
+    return v, None
+
+
+def last_dim_contiguous(v: torch.Tensor) -> bool:
+    return v.dim() >= 1 and (v.shape[-1] == 1 or v.stride(-1) == 1)
+
+
+def mean_spelling(sq):
+    """mean(sq, -1, keepdim) spelled as mean, or sum / N, or sum * (1 / N)."""
+    total = Op(aten.sum.dim_IntList, sq, name="reduce", dim=Lit("dim"), keepdim=True)
+    return Alt(
+        Op(aten.mean.dim, sq, name="reduce", dim=Lit("dim"), keepdim=True),
+        Op(DIV, total, Lit("mean_n")),
+        Op(MUL, total, Lit("mean_recip_n"), commutative=True),
+    )

@@ -1,0 +1,257 @@
+"""A small declarative matcher over torch.fx graphs.
+
+A pattern is a tree of `Pat` objects matched from a root node towards its inputs:
+
+    Op(aten.rsqrt.default, Op(aten.add.Tensor, ms, Lit("eps"), commutative=True))
+
+- `Op(targets, *args, commutative=False, name=None, **kwargs)`: a call_function node whose target is
+  one of `targets`; positional patterns match the node's arguments as normalized by the op schema
+  (defaults filled), keyword patterns match named arguments.
+- `Any(name)`: anything (a node or a literal), bound to `name`.
+- `Lit(name, value=...)`: a non-node literal (optionally equal to `value`), bound to `name`.
+- `Alt(*pats, name=None)`: the first alternative that matches (with backtracking).
+- `Cast(inner, dtype=None)`: any dtype conversion (aten.to, _to_copy, convert_element_type,
+  type_as); binds the target dtype to `dtype` if given as a string.
+- `Maybe(wrap, inner)`: `wrap(inner)` or `inner` itself (an optional cast, say).
+
+A name bound twice must see the same value; two casts of the same node to the same dtype count as
+the same value (models write `x.float()` twice). Matching yields `Match` objects: the bindings and
+the nodes the pattern covered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Callable, Iterator
+from typing import Any as AnyType
+
+import torch
+import torch.fx as fx
+from torch.fx.operator_schemas import normalize_function
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+CAST_TARGETS = (
+    aten.to.dtype,
+    aten.to.dtype_layout,
+    aten._to_copy.default,
+    prims.convert_element_type.default,
+    aten.type_as.default,
+)
+
+
+@dataclasses.dataclass
+class Match:
+    root: fx.Node
+    bindings: dict[str, AnyType]
+    nodes: list[fx.Node]  # every node the pattern covered, root included
+
+    def __getitem__(self, name: str) -> AnyType:
+        return self.bindings[name]
+
+    def get(self, name: str, default: AnyType = None) -> AnyType:
+        return self.bindings.get(name, default)
+
+
+class _State:
+    __slots__ = ("bindings", "nodes")
+
+    def __init__(self, bindings: dict, nodes: list):
+        self.bindings = bindings
+        self.nodes = nodes
+
+    def copy(self) -> _State:
+        return _State(dict(self.bindings), list(self.nodes))
+
+
+def cast_source(node: AnyType) -> tuple[AnyType, torch.dtype | None]:
+    """(input, target dtype) of a cast node, else (node, None)."""
+    if isinstance(node, fx.Node) and node.op == "call_function" and node.target in CAST_TARGETS:
+        if node.target is aten.type_as.default:
+            other = node.args[1]
+            return node.args[0], other.meta["val"].dtype if "val" in other.meta else None
+        args = normalized_args(node)
+        return next(iter(args.values())), args.get("dtype")
+    return node, None
+
+
+def same_value(a: AnyType, b: AnyType) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, fx.Node) and isinstance(b, fx.Node):
+        (sa, da), (sb, db) = cast_source(a), cast_source(b)
+        return da is not None and da == db and same_value(sa, sb)
+    if isinstance(a, fx.Node) or isinstance(b, fx.Node):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - tensors and odd literals compare as different
+        return False
+
+
+def normalized_args(node: fx.Node) -> dict[str, AnyType]:
+    """The node's arguments by schema name, defaults filled (cached on the node)."""
+    cached = node.meta.get("_fxfuse_args")
+    if cached is not None and cached[0] == (node.args, tuple(node.kwargs.items())):
+        return cached[1]
+    args: dict[str, AnyType] | None = None
+    if isinstance(node.target, torch._ops.OpOverload):
+        pair = normalize_function(
+            node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True
+        )
+        if pair is not None:
+            args = dict(pair.kwargs)
+    if args is None:
+        args = {f"arg{i}": a for i, a in enumerate(node.args)} | dict(node.kwargs)
+    node.meta["_fxfuse_args"] = ((node.args, tuple(node.kwargs.items())), args)
+    return args
+
+
+class Pat:
+    name: str | None = None
+
+    def match(self, value: AnyType, state: _State) -> Iterator[_State]:
+        raise NotImplementedError  # every subclass defines it
+
+    def _bind(self, value: AnyType, state: _State) -> bool:
+        if self.name is None:
+            return True
+        if self.name in state.bindings:
+            return same_value(state.bindings[self.name], value)
+        state.bindings[self.name] = value
+        return True
+
+
+class Any(Pat):
+    def __init__(self, name: str | None = None):
+        self.name = name
+
+    def match(self, value, state):
+        state = state.copy()
+        if self._bind(value, state):
+            yield state
+
+
+class Lit(Pat):
+    _UNSET = object()
+
+    def __init__(self, name: str | None = None, value: AnyType = _UNSET):
+        self.name, self.value = name, value
+
+    def match(self, value, state):
+        if isinstance(value, fx.Node):
+            return
+        if self.value is not Lit._UNSET and not same_value(value, self.value):
+            return
+        state = state.copy()
+        if self._bind(value, state):
+            yield state
+
+
+class Op(Pat):
+    def __init__(
+        self,
+        targets: AnyType,
+        *args: Pat | AnyType,
+        commutative: bool = False,
+        name: str | None = None,
+        where: Callable[[fx.Node], bool] | None = None,
+        **kwargs: Pat | AnyType,
+    ):
+        self.targets = tuple(targets) if isinstance(targets, (tuple, list)) else (targets,)
+        self.args = [_as_pat(a) for a in args]
+        self.kwargs = {k: _as_pat(v) for k, v in kwargs.items()}
+        self.commutative = commutative
+        self.name = name
+        self.where = where
+
+    def match(self, value, state):
+        if not (isinstance(value, fx.Node) and value.op == "call_function"):
+            return
+        if value.target not in self.targets or (self.where and not self.where(value)):
+            return
+        named = normalized_args(value)
+        positional = list(named.values())
+        if len(positional) < len(self.args):
+            return
+        orders = [positional[: len(self.args)]]
+        if self.commutative and len(self.args) == 2:
+            orders.append(orders[0][::-1])
+        for order in orders:
+            start = state.copy()
+            if not self._bind(value, start):
+                continue
+            start.nodes.append(value)
+            pairs = list(zip(self.args, order)) + [
+                (p, named.get(k)) for k, p in self.kwargs.items()
+            ]
+            yield from _match_all(pairs, start)
+
+
+class Alt(Pat):
+    def __init__(self, *pats: Pat, name: str | None = None):
+        self.pats = [_as_pat(p) for p in pats]
+        self.name = name
+
+    def match(self, value, state):
+        for pat in self.pats:
+            for result in pat.match(value, state):
+                if self._bind(value, result):
+                    yield result
+
+
+class Cast(Pat):
+    def __init__(self, inner: Pat | AnyType, dtype: str | torch.dtype | None = None, name=None):
+        self.inner = _as_pat(inner)
+        self.dtype = dtype
+        self.name = name
+
+    def match(self, value, state):
+        source, dtype = cast_source(value)
+        if dtype is None:
+            return
+        state = state.copy()
+        if isinstance(self.dtype, torch.dtype):
+            if dtype != self.dtype:
+                return
+        elif isinstance(self.dtype, str):
+            if self.dtype in state.bindings and state.bindings[self.dtype] != dtype:
+                return
+            state.bindings[self.dtype] = dtype
+        if not self._bind(value, state):
+            return
+        state.nodes.append(value)
+        yield from self.inner.match(source, state)
+
+
+def Maybe(wrap: Callable[[Pat], Pat], inner: Pat | AnyType, name: str | None = None) -> Pat:
+    """`wrap(inner)` or `inner` alone (an optional cast or view)."""
+    inner = _as_pat(inner)
+    return Alt(wrap(inner), inner, name=name)
+
+
+def Getitem(inner: Pat, index: int) -> Op:
+    return Op(operator.getitem, inner, Lit(value=index))
+
+
+def _as_pat(value: Pat | AnyType) -> Pat:
+    return value if isinstance(value, Pat) else Lit(value=value)
+
+
+def _match_all(pairs: list, state: _State) -> Iterator[_State]:
+    if not pairs:
+        yield state
+        return
+    (pat, value), rest = pairs[0], pairs[1:]
+    for result in pat.match(value, state):
+        yield from _match_all(rest, result)
+
+
+def match_at(pattern: Pat, node: fx.Node) -> Match | None:
+    """The first match of `pattern` rooted at `node`, or None."""
+    for state in pattern.match(node, _State({}, [])):
+        nodes = list(dict.fromkeys(state.nodes))
+        return Match(node, state.bindings, nodes)
+    return None

@@ -1,0 +1,84 @@
+"""Rules as data: what a pattern module declares (SPEC's name, spellings, guard, replacement),
+and the Inserter its replacement builds new nodes with."""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from fxfuse.patterns.matcher import Match, Pat
+from fxfuse.runtime import norm_quant_ops  # noqa: F401 - registers torch.ops.fxfuse.*
+
+Guard = Callable[[Match, "Context"], "str | None"]
+
+
+@dataclasses.dataclass
+class Context:
+    graph: fx.Graph
+    report: object  # fusion.report.FusionReport
+    config: object  # FusionConfig
+    target: str
+    fake_mode: FakeTensorMode
+
+
+@dataclasses.dataclass
+class Rule:
+    """name: report key; pattern: the spellings; outputs(match) -> the matched nodes whose values
+    leave the match (in order); guard(match, ctx) -> None or the reason it does not apply;
+    replace(match, ctx, insert) -> one new value per output, built with `insert`."""
+
+    name: str
+    pattern: Pat
+    outputs: Callable[[Match], Sequence[fx.Node]]
+    replace: Callable[[Match, Context, "Inserter"], Sequence[fx.Node]]
+    guard: Guard | None = None
+    report_as: str | None = None  # near-misses are filed under this pattern name
+    canonical: bool = False  # a canonicalization: counted apart from the fusions
+
+    @property
+    def report_name(self) -> str:
+        return self.report_as or self.name
+
+
+def val(node) -> torch.Tensor | None:
+    """The fake value of a node (None for literals or nodes without one)."""
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+class Inserter:
+    """Creates call_function nodes at one place in the graph, with their fake values."""
+
+    def __init__(self, ctx: Context, before: fx.Node):
+        self.ctx, self.before = ctx, before
+        self.created: list[fx.Node] = []
+
+    def call(self, target, args: tuple, kwargs: dict | None = None) -> fx.Node:
+        kwargs = kwargs or {}
+        with self.ctx.graph.inserting_before(self.before):
+            node = self.ctx.graph.call_function(target, args, kwargs)
+        node.meta["val"] = _fake_result(self.ctx.fake_mode, target, args, kwargs)
+        self.created.append(node)
+        return node
+
+    def outputs(self, node: fx.Node, count: int) -> list[fx.Node]:
+        """getitem nodes for a multi-output op."""
+        return [self.call(operator.getitem, (node, i)) for i in range(count)]
+
+
+def _fake_result(fake_mode: FakeTensorMode, target, args, kwargs):
+    def to_fake(a):
+        return a.meta["val"] if isinstance(a, fx.Node) else a
+
+    fargs = fx.node.map_aggregate(args, to_fake)
+    fkwargs = fx.node.map_aggregate(kwargs, to_fake)
+    if target is operator.getitem:
+        return fargs[0][fargs[1]]
+    with fake_mode:
+        return target(*fargs, **fkwargs)
+
+

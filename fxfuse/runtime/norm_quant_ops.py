@@ -1,0 +1,289 @@
+"""torch.library custom ops for RMSNorm, quant and their fusion (`torch.ops.fxfuse.*`).
+
+The canonical ops (`rms_norm`, `add_rms_norm`, `quant_fp8`, `quant_mxfp4`) are what every
+recognised spelling becomes; they record what the graph spelled (rounding points, eps, divide or
+multiply) so the fused kernels give the spelled bytes. The fused ops (`rms_norm_quant`,
+`add_rms_norm_quant`) replace a canonical norm followed by a canonical quant. Each op has an
+explicit fake and takes any leading dims: kernels see (rows, N).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fxfuse.kernels import formats
+from fxfuse.kernels import rms_norm_quant_ref as ref
+from fxfuse.runtime.dispatch import use_triton
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+def _kernels():
+    from fxfuse.kernels import rms_norm_quant as kernels  # imports triton: only when used
+
+    return kernels
+
+
+def _check_norm_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None):
+    if x.dim() < 1 or x.shape[-1] == 0:
+        raise ValueError(f"x: expected a tensor with a non-empty last dim, got shape {tuple(x.shape)}")
+    if weight.shape != (x.shape[-1],):
+        raise ValueError(f"weight: expected shape ({x.shape[-1]},), got {tuple(weight.shape)}")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(
+            f"residual: expected {tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)} "
+            f"{residual.dtype}"
+        )
+
+
+# --- RMSNorm ------------------------------------------------------------------------------------
+
+
+def _norm(x, weight, eps, residual, weight_offset, round_before_weight, out_dtype, reciprocal_sqrt):
+    _check_norm_args(x, weight, residual)
+    rows = _rows(x)
+    res_rows = None if residual is None else _rows(residual)
+    if use_triton(x, weight):
+        y, h = _kernels().rms_norm(
+            rows,
+            weight,
+            eps,
+            res_rows,
+            weight_offset=weight_offset,
+            round_before_weight=round_before_weight,
+            norm_dtype=out_dtype,
+            reciprocal_sqrt=reciprocal_sqrt,
+        )
+    else:
+        y, h = ref.rms_norm_ref(
+            rows, weight, eps, res_rows, weight_offset, round_before_weight, out_dtype,
+            reciprocal_sqrt,
+        )
+    return y.reshape(x.shape), h.reshape(x.shape)
+
+
+@torch.library.custom_op("fxfuse::rms_norm", mutates_args=())
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    weight_offset: float = 0.0,
+    round_before_weight: bool = True,
+    out_dtype: torch.dtype | None = None,
+    reciprocal_sqrt: bool = False,
+) -> torch.Tensor:
+    """Canonical RMSNorm: y = x · rsqrt(mean(x², -1) + eps) · (weight + weight_offset)."""
+    args = (weight_offset, round_before_weight, out_dtype, reciprocal_sqrt)
+    return _norm(x, weight, eps, None, *args)[0]
+
+
+@rms_norm.register_fake
+def _(x, weight, eps, weight_offset=0.0, round_before_weight=True, out_dtype=None,
+      reciprocal_sqrt=False):
+    _check_norm_args(x, weight, None)
+    return x.new_empty(x.shape, dtype=out_dtype or x.dtype)
+
+
+@torch.library.custom_op("fxfuse::add_rms_norm", mutates_args=())
+def add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    weight_offset: float = 0.0,
+    round_before_weight: bool = True,
+    out_dtype: torch.dtype | None = None,
+    reciprocal_sqrt: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Canonical residual RMSNorm: h = x + residual; returns (rms_norm(h), h)."""
+    args = (weight_offset, round_before_weight, out_dtype, reciprocal_sqrt)
+    y, h = _norm(x, weight, eps, residual, *args)
+    return y, h
+
+
+@add_rms_norm.register_fake
+def _(x, residual, weight, eps, weight_offset=0.0, round_before_weight=True, out_dtype=None,
+      reciprocal_sqrt=False):
+    _check_norm_args(x, weight, residual)
+    return x.new_empty(x.shape, dtype=out_dtype or x.dtype), torch.empty_like(x)
+
+
+# --- quant --------------------------------------------------------------------------------------
+
+
+def _check_fp8_args(x: torch.Tensor, group_size: int, fp8_dtype: torch.dtype):
+    formats.fp8_max(fp8_dtype)
+    if group_size < 0 or (group_size and x.shape[-1] % group_size):
+        raise ValueError(
+            f"group_size: expected 0 (per token) or a divisor of the last dim {x.shape[-1]}, "
+            f"got {group_size}"
+        )
+
+
+def _scale_shape(x: torch.Tensor, group_size: int) -> tuple[int, ...]:
+    groups = 1 if group_size == 0 else x.shape[-1] // group_size
+    return (*x.shape[:-1], groups)
+
+
+def _empty_scale(x: torch.Tensor, group_size: int, col_major: bool) -> torch.Tensor:
+    shape = _scale_shape(x, group_size)
+    if col_major:
+        flipped = (*shape[:-2], shape[-1], shape[-2]) if len(shape) >= 2 else shape
+        return x.new_empty(flipped, dtype=torch.float32).transpose(-1, -2)
+    return x.new_empty(shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("fxfuse::quant_fp8", mutates_args=())
+def quant_fp8(
+    x: torch.Tensor,
+    group_size: int = 0,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    eps: float = 1e-10,
+    eps_on_scale: bool = False,
+    apply_reciprocal: bool = False,
+    scale_col_major: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Canonical dynamic FP8 quant (per token, or per 1×group_size group) of the last dim."""
+    _check_fp8_args(x, group_size, fp8_dtype)
+    q, scale = ref.quant_fp8_ref(
+        x, group_size, fp8_dtype, eps, eps_on_scale, apply_reciprocal, scale_col_major
+    )
+    return q, scale if scale_col_major and x.dim() == 2 else scale.contiguous()
+
+
+@quant_fp8.register_fake
+def _(x, group_size=0, fp8_dtype=torch.float8_e4m3fn, eps=1e-10, eps_on_scale=False,
+      apply_reciprocal=False, scale_col_major=False):
+    _check_fp8_args(x, group_size, fp8_dtype)
+    col_major = scale_col_major and x.dim() == 2
+    return x.new_empty(x.shape, dtype=fp8_dtype), _empty_scale(x, group_size, col_major)
+
+
+def _check_mxfp4_args(x: torch.Tensor, rounding: str):
+    formats.check_rounding(rounding)
+    if x.shape[-1] % formats.MXFP4_BLOCK:
+        raise ValueError(f"x: last dim must be a multiple of 32 for MXFP4, got {x.shape[-1]}")
+
+
+@torch.library.custom_op("fxfuse::quant_mxfp4", mutates_args=())
+def quant_mxfp4(x: torch.Tensor, rounding: str = "even") -> tuple[torch.Tensor, torch.Tensor]:
+    """Canonical MXFP4 quant: (q uint8 (..., K/2), e8m0 scale uint8 (..., K/32))."""
+    _check_mxfp4_args(x, rounding)
+    return ref.quant_mxfp4_ref(x, rounding)
+
+
+@quant_mxfp4.register_fake
+def _mxfp4_fake(x, rounding="even"):
+    _check_mxfp4_args(x, rounding)
+    k = x.shape[-1]
+    return (
+        x.new_empty((*x.shape[:-1], k // 2), dtype=torch.uint8),
+        x.new_empty((*x.shape[:-1], k // formats.MXFP4_BLOCK), dtype=torch.uint8),
+    )
+
+
+# --- fused RMSNorm → quant ----------------------------------------------------------------------
+
+
+def _fused(x, residual, weight, eps, norm_args, quant_args):
+    _check_norm_args(x, weight, residual)
+    rows = _rows(x)
+    res_rows = None if residual is None else _rows(residual)
+    if use_triton(x, weight):
+        q, scale, h, _ = _kernels().rms_norm_quant(rows, weight, eps, res_rows, **norm_args,
+                                                   **quant_args)
+    else:
+        q, scale, h = ref.rms_norm_quant_ref(rows, weight, eps, res_rows, **norm_args, **quant_args)
+    lead = x.shape[:-1]
+    scale = scale if quant_args["scale_col_major"] and x.dim() == 2 else scale.contiguous()
+    return q.reshape(*lead, q.shape[-1]), scale.reshape(*lead, scale.shape[-1]), h.reshape(x.shape)
+
+
+def _fused_fake(x, residual, weight, norm_args, quant_args):
+    _check_norm_args(x, weight, residual)
+    y_fake = x.new_empty(x.shape, dtype=norm_args["norm_dtype"] or x.dtype)
+    if quant_args["quant"] == "mxfp4":
+        q, scale = _mxfp4_fake(y_fake, quant_args["rounding"])
+    elif quant_args["quant"] == "fp8":
+        g, col = quant_args["group_size"], quant_args["scale_col_major"] and x.dim() == 2
+        _check_fp8_args(x, g, quant_args["fp8_dtype"])
+        q, scale = x.new_empty(x.shape, dtype=quant_args["fp8_dtype"]), _empty_scale(x, g, col)
+    else:
+        raise ValueError(f"quant: expected 'fp8' or 'mxfp4', got {quant_args['quant']!r}")
+    return q, scale, torch.empty_like(x)
+
+
+def _norm_quant_args(weight_offset, round_before_weight, norm_dtype, reciprocal_sqrt, quant,
+                     group_size, fp8_dtype, quant_eps, eps_on_scale, apply_reciprocal,
+                     scale_col_major, rounding):
+    norm = dict(weight_offset=weight_offset, round_before_weight=round_before_weight,
+                norm_dtype=norm_dtype, reciprocal_sqrt=reciprocal_sqrt)
+    quant_args = dict(quant=quant, group_size=group_size, fp8_dtype=fp8_dtype, quant_eps=quant_eps,
+                      eps_on_scale=eps_on_scale, apply_reciprocal=apply_reciprocal,
+                      scale_col_major=scale_col_major, rounding=rounding)
+    return norm, quant_args
+
+
+@torch.library.custom_op("fxfuse::rms_norm_quant", mutates_args=())
+def rms_norm_quant(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    weight_offset: float,
+    round_before_weight: bool,
+    norm_dtype: torch.dtype | None,
+    reciprocal_sqrt: bool,
+    quant: str,
+    group_size: int,
+    fp8_dtype: torch.dtype,
+    quant_eps: float,
+    eps_on_scale: bool,
+    apply_reciprocal: bool,
+    scale_col_major: bool,
+    rounding: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused RMSNorm → quant: (q, scale), bytes equal to the canonical ops run one after the other."""
+    norm, quant_args = _norm_quant_args(weight_offset, round_before_weight, norm_dtype,
+                                        reciprocal_sqrt, quant, group_size, fp8_dtype, quant_eps,
+                                        eps_on_scale, apply_reciprocal, scale_col_major, rounding)
+    q, scale, _ = _fused(x, None, weight, eps, norm, quant_args)
+    return q, scale
+
+
+@rms_norm_quant.register_fake
+def _(x, weight, eps, *args):
+    q, scale, _ = _fused_fake(x, None, weight, *_norm_quant_args(*args))
+    return q, scale
+
+
+@torch.library.custom_op("fxfuse::add_rms_norm_quant", mutates_args=())
+def add_rms_norm_quant(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    weight_offset: float,
+    round_before_weight: bool,
+    norm_dtype: torch.dtype | None,
+    reciprocal_sqrt: bool,
+    quant: str,
+    group_size: int,
+    fp8_dtype: torch.dtype,
+    quant_eps: float,
+    eps_on_scale: bool,
+    apply_reciprocal: bool,
+    scale_col_major: bool,
+    rounding: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused residual add → RMSNorm → quant: (q, scale, x + residual)."""
+    norm, quant_args = _norm_quant_args(weight_offset, round_before_weight, norm_dtype,
+                                        reciprocal_sqrt, quant, group_size, fp8_dtype, quant_eps,
+                                        eps_on_scale, apply_reciprocal, scale_col_major, rounding)
+    return _fused(x, residual, weight, eps, norm, quant_args)
+
+
+@add_rms_norm_quant.register_fake
+def _(x, residual, weight, eps, *args):
+    return _fused_fake(x, residual, weight, *_norm_quant_args(*args))
