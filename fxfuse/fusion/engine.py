@@ -71,7 +71,8 @@ def run_rule(rule: Rule, ctx: Context, roots: Callable[[fx.Node], bool] | None =
         claimed.update(match.nodes)
     # Interior values may be shared between two matches of the same rule (CSE merges the x² of two
     # norms of one input, say): those uses are covered by the other rewrite.
-    shared = set().union(*(set(m.nodes) for m, _ in candidates)) if candidates else set()
+    # Fusions get no such allowance: a norm feeding two quants would be computed twice.
+    shared = set().union(*(set(m.nodes) for m, _ in candidates)) if rule.canonical else set()
     done, erased = 0, set()
     for match, outputs in candidates:
         if any(n in erased for n in match.nodes):

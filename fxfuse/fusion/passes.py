@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from fxfuse import patterns
-from fxfuse.fusion.cleanup import finish, merge_duplicates, simplify
+from fxfuse.fusion.cleanup import VIEWS, finish, merge_duplicates, simplify
 from fxfuse.fusion.config import PATTERN_NAMES, FusionConfig
 from fxfuse.fusion.engine import fake_mode_of, run_rule
 from fxfuse.fusion.report import FusionReport
@@ -29,6 +29,8 @@ def run_passes(module: fx.GraphModule | fx.Graph, config: FusionConfig | None = 
         for rule in patterns.CANONICAL_RULES:
             run_rule(rule, ctx)
             graph.lint()
+        # Views first: Llama's q/k/v each flatten the same normed tensor before quantizing it.
+        merge_duplicates(graph, VIEWS)
         merge_duplicates(graph, patterns.CANONICAL_TARGETS)
         simplify(graph)
     for rule in patterns.FUSION_RULES:

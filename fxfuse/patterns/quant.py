@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from fxfuse.patterns.rule import Inserter, Rule, val
-from fxfuse.patterns.matcher import Alt, Any, Cast, Getitem, Lit, Match, Op
+from fxfuse.patterns.matcher import Alt, Any, Cast, Getitem, Lit, Match, Op, cast_source
 from fxfuse.kernels.formats import FP8_DTYPES
 from fxfuse.patterns.common import DIV, FLOAT_DTYPES, MUL, aten, as_float, is_last_dim, maybe_cast
 
@@ -88,6 +88,11 @@ def _guard(m: Match, ctx) -> str | None:
 def _replace(m: Match, ctx, insert: Inserter):
     group = _group_source(m["x"])
     source, group_size = group if group else (m["x"], 0)
+    # x.float() of a bf16/fp16 tensor is exact and the canonical op upcasts itself: quantize the
+    # narrower tensor, so the fusion rules see the norm that produced it.
+    inner, dtype = cast_source(source)
+    if dtype == torch.float32 and getattr(val(inner), "dtype", None) in (torch.bfloat16, torch.float16):
+        source = inner
     args = (
         group_size,
         m["fp8_dtype"],

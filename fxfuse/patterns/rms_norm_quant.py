@@ -10,19 +10,26 @@ from __future__ import annotations
 import torch
 
 from fxfuse.patterns.rule import Inserter, Rule, val
-from fxfuse.patterns.matcher import Alt, Match, Op
+from fxfuse.patterns.matcher import Alt, Lit, Match, Op
+from fxfuse.patterns.quant import VIEWS
 from fxfuse.patterns.quant import canonical_fp8, canonical_mxfp4
 from fxfuse.patterns.rms_norm import canonical_norm
 
 fxfuse = torch.ops.fxfuse
+aten = torch.ops.aten
 NAME = "rmsnorm_quant"
 # Group sizes the kernel's (N / G, G) tiling handles.
 KERNEL_GROUP_SIZES = (0, 32, 64, 128, 256)
 
 
+# Model code often flattens tokens before quantizing: norm(x).reshape(-1, K). RMSNorm is
+# row-wise, so the fused op runs on the flattened rows instead.
+_norm_rows = Alt(Op(VIEWS, canonical_norm, Lit("rows_shape"), name="rows_view"), canonical_norm)
+
+
 def _quant_of_norm(quant: Op) -> Op:
     """The canonical quant pattern with its input required to be a canonical norm's output."""
-    return Op(quant.targets, canonical_norm, *quant.args[1:], name="quant")
+    return Op(quant.targets, _norm_rows, *quant.args[1:], name="quant")
 
 
 PATTERN = Alt(_quant_of_norm(canonical_fp8), _quant_of_norm(canonical_mxfp4))
@@ -37,6 +44,12 @@ def guard(m: Match, ctx) -> str | None:
     x = val(m["x"])
     if x.dim() < 1:
         return "norm input is a scalar"
+    if m.get("rows_view") is not None:
+        rows = val(m["rows_view"])
+        if rows.dim() < 1 or rows.shape[-1] != x.shape[-1]:
+            return f"the normed value is reshaped to {tuple(rows.shape)}, changing its rows"
+        if m.root.target is fxfuse.quant_fp8.default and m["scale_col_major"]:
+            return "column-major scales of a reshaped activation"
     if m.root.target is fxfuse.quant_fp8.default:
         if m["group_size"] not in KERNEL_GROUP_SIZES:
             return f"group size {m['group_size']} not in the kernel's {KERNEL_GROUP_SIZES}"
@@ -53,16 +66,21 @@ def replace(m: Match, ctx, insert: Inserter):
                       m["apply_reciprocal"], m["scale_col_major"], "even")
     else:
         quant_args = ("mxfp4", 0, torch.float8_e4m3fn, 0.0, False, False, False, m["rounding"])
-    if m.get("residual") is not None:
+    x, residual = m["x"], m.get("residual")
+    if residual is not None:
         fused = insert.call(
-            fxfuse.add_rms_norm_quant.default,
-            (m["x"], m["residual"], m["w"], *norm_args, *quant_args),
+            fxfuse.add_rms_norm_quant.default, (x, residual, m["w"], *norm_args, *quant_args)
         )
         q, scale, h = insert.outputs(fused, 3)
-        return [[q, scale], [None, h]]
-    fused = insert.call(fxfuse.rms_norm_quant.default, (m["x"], m["w"], *norm_args, *quant_args))
-    q, scale = insert.outputs(fused, 2)
-    return [[q, scale]]
+    else:
+        fused = insert.call(fxfuse.rms_norm_quant.default, (x, m["w"], *norm_args, *quant_args))
+        (q, scale), h = insert.outputs(fused, 2), None
+    if m.get("rows_view") is not None:
+        # The fused op keeps x's leading dims; view q and scale the way the graph viewed y.
+        lead = list(m["rows_shape"])[:-1]
+        q = insert.call(aten.reshape.default, (q, [*lead, val(q).shape[-1]]))
+        scale = insert.call(aten.reshape.default, (scale, [*lead, val(scale).shape[-1]]))
+    return [[q, scale]] if h is None else [[q, scale], [None, h]]
 
 
 RULES = [Rule(name=NAME, pattern=PATTERN, outputs=_outputs, guard=guard, replace=replace)]

@@ -1,0 +1,1 @@
+"""Reference models bundled with fxfuse (random weights from a config, no downloads)."""
