@@ -33,7 +33,7 @@ def apply_fusions(
             f"example_inputs: expected a tuple of inputs, got {type(example_inputs).__name__}"
         )
     example_inputs = tuple(example_inputs)
-    if isinstance(model, fx.GraphModule):
+    if isinstance(model, fx.GraphModule) and _is_aten_graph(model):
         gm = model
         _ensure_fake_values(gm, example_inputs)
     elif isinstance(model, torch.nn.Module):
@@ -47,6 +47,17 @@ def apply_fusions(
     return gm
 
 
+
+
+def _is_aten_graph(gm: fx.GraphModule) -> bool:
+    """Export / compile graphs call aten ops only; symbolic_trace graphs call torch functions."""
+    return all(
+        n.op not in ("call_method", "call_module")
+        and (n.op != "call_function" or isinstance(n.target, torch._ops.OpOverload)
+             or n.target.__module__ in ("_operator", "operator"))
+        for n in gm.graph.nodes
+        if not (n.op == "call_module" and n.target == "_guards_fn")
+    )
 
 
 def _ensure_fake_values(gm: fx.GraphModule, example_inputs: tuple) -> None:

@@ -3,6 +3,8 @@ and the lint that runs after every pass."""
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 
@@ -13,11 +15,13 @@ VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 
 
 def simplify(graph: fx.Graph) -> None:
-    """Drops metadata asserts, `x * 1` (`1 / t` traces as `reciprocal(t) * 1`) and view chains."""
+    """Drops metadata asserts, unused getitems (max.dim's indices), `x * 1` (`1 / t` traces as `reciprocal(t) * 1`) and view chains."""
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
-        if node.target is aten._assert_tensor_metadata.default:
+        if node.target is aten._assert_tensor_metadata.default or (
+            node.target is operator.getitem and not node.users
+        ):
             graph.erase_node(node)
         elif node.target is aten.mul.Tensor and _is_identity_mul(node):
             node.replace_all_uses_with(node.args[0])
@@ -71,8 +75,6 @@ def merge_duplicates(graph: fx.Graph, targets: tuple) -> int:
 
 
 def _merge_getitems(graph: fx.Graph) -> None:
-    import operator
-
     seen: dict[tuple, fx.Node] = {}
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target is operator.getitem:

@@ -127,7 +127,7 @@ def _rewrite(rule: Rule, match: Match, outputs: list[fx.Node], ctx: Context) -> 
         ctx.report.canonicalized[rule.name] = ctx.report.canonicalized.get(rule.name, 0) + 1
     else:
         created = ", ".join(
-            sorted({str(n.target) for n in inserter.created if n.target is not operator.getitem})
+            sorted({str(n.target) for n in inserter.created if str(n.target).startswith("fxfuse.")})
         )
         ctx.report.add_rewrite(rule.name, match.root.name, created)
     return erased

@@ -30,6 +30,8 @@ class QuantLinear(nn.Module):
             self.register_buffer("weight_scale", scale.reshape(1, -1))
         elif quant == "fp8_block":
             n, k = w.shape
+            if n % 128 or k % 128:
+                raise ValueError(f"weight: fp8_block needs (N, K) multiples of 128, got {(n, k)}")
             blocks = w.reshape(n // 128, 128, k // 128, 128)
             scale = blocks.abs().amax((1, 3), keepdim=True).clamp(min=1e-12) / FP8_MAX
             q = (blocks / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).reshape(n, k)

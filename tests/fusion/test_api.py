@@ -1,0 +1,147 @@
+"""The public contract of SPEC §1: apply_fusions, FusionConfig, env flags, the compile backend."""
+
+import importlib.metadata
+
+import pytest
+import torch
+from torch import nn
+
+import fxfuse
+from fxfuse.fusion.config import parse_disable_env
+from fxfuse.runtime.target import detect_target
+from tests.helpers import fused_targets, outputs_bytes_equal
+from tests.patterns.test_rms_norm_quant import Chain, _inputs, llama, per_token_div
+
+
+def test_config_rejects_unknown_names_and_bad_values():
+    with pytest.raises(ValueError, match="disable"):
+        fxfuse.FusionConfig(disable=("rmsnorm_qaunt",))
+    with pytest.raises(ValueError, match="enable"):
+        fxfuse.FusionConfig(enable=("nope",))
+    with pytest.raises(ValueError, match="prologue_quant_max_m"):
+        fxfuse.FusionConfig(prologue_quant_max_m=-1)
+    with pytest.raises(ValueError, match="target"):
+        fxfuse.FusionConfig(target="gfx1100")
+    with pytest.raises(ValueError, match="disable"):
+        fxfuse.FusionConfig(disable="rmsnorm_quant")
+
+
+def test_env_flags_are_strict(monkeypatch):
+    assert parse_disable_env("rmsnorm_quant, gemm_split_cat") == ("rmsnorm_quant", "gemm_split_cat")
+    with pytest.raises(ValueError, match="FXFUSE_DISABLE"):
+        parse_disable_env("rmsnorm_quant,bogus")
+    monkeypatch.setenv("FXFUSE_TARGET", "gfx950")
+    assert detect_target() == "gfx950"
+    monkeypatch.setenv("FXFUSE_TARGET", "h100")
+    with pytest.raises(ValueError, match="FXFUSE_TARGET"):
+        detect_target()
+
+
+def test_apply_fusions_rejects_bad_arguments():
+    model = Chain(llama, per_token_div, False)
+    with pytest.raises(ValueError, match="example_inputs"):
+        fxfuse.apply_fusions(model, 3)
+    with pytest.raises(ValueError, match="config"):
+        fxfuse.apply_fusions(model, _inputs(), config={"disable": ()})
+    with pytest.raises(ValueError, match="model"):
+        fxfuse.apply_fusions(lambda x: x, _inputs())
+
+
+def test_enable_limits_the_patterns(reference_path):
+    model, inputs = Chain(llama, per_token_div, True), _inputs()
+    fused = fxfuse.apply_fusions(model, inputs, config=fxfuse.FusionConfig(enable=("gemm_split_cat",)))
+    assert fused.fxfuse_report.counts == {"gemm_split_cat": 0}
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
+def test_report_prints_a_table(reference_path):
+    fused = fxfuse.apply_fusions(Chain(llama, per_token_div, True), _inputs())
+    text = str(fused.fxfuse_report)
+    assert "rmsnorm_quant" in text and "1" in text and "rewrites" in text
+
+
+def test_dynamic_shapes_pass_through(reference_path):
+    model = Chain(llama, per_token_div, True)
+    rows = torch.export.Dim("rows", min=2, max=1024)
+    fused = fxfuse.apply_fusions(
+        model, _inputs(m=8), dynamic_shapes=({0: rows}, {0: rows})
+    )
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1
+    for m in (3, 33, 200):
+        inputs = _inputs(m=m)
+        assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
+def test_graph_module_input_is_rewritten(reference_path):
+    model, inputs = Chain(llama, per_token_div, True), _inputs()
+    gm = torch.export.export(model, inputs, strict=False).module()
+    fused = fxfuse.apply_fusions(gm, inputs)
+    assert fused is gm  # aten graphs are rewritten in place
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
+def test_symbolic_trace_graph_is_retraced_and_rewritten(reference_path):
+    model, inputs = Chain(llama, per_token_div, True), _inputs()
+    fused = fxfuse.apply_fusions(torch.fx.symbolic_trace(model), inputs)
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
+def test_torch_compile_backend_on_cpu(reference_path):
+    torch._dynamo.reset()
+    model, inputs = Chain(llama, per_token_div, True), _inputs()
+    with torch.no_grad():
+        want = model(*inputs)
+        got = torch.compile(model, backend="fxfuse")(*inputs)
+    assert fxfuse.last_report().counts["rmsnorm_quant"] == 1
+    assert outputs_bytes_equal(got, want)
+
+
+def test_backend_uuid_tracks_config():
+    from fxfuse.fusion.backend import FxfusePostGradPass
+    from fxfuse.fusion.report import FusionReport
+
+    a = FxfusePostGradPass(fxfuse.FusionConfig(), FusionReport())
+    b = FxfusePostGradPass(fxfuse.FusionConfig(disable=("rmsnorm_quant",)), FusionReport())
+    assert a.uuid() != b.uuid() and a.uuid() == FxfusePostGradPass(fxfuse.FusionConfig(), None).uuid()
+
+
+def test_entry_point_is_declared():
+    try:
+        eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover
+        pytest.skip("fxfuse is not installed as a distribution")
+    names = {ep.name: ep.value for ep in eps}
+    if "fxfuse" not in names:
+        pytest.skip("fxfuse is not installed (pip install -e .) in this environment")
+    assert names["fxfuse"] == "fxfuse.fusion.backend:fxfuse_backend"
+
+
+@pytest.mark.parametrize(
+    "op, args",
+    [
+        ("rms_norm", lambda: (torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16), 1e-6)),
+        ("add_rms_norm", lambda: (torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16), 1e-6)),
+        ("quant_fp8", lambda: (torch.randn(4, 256, dtype=torch.bfloat16), 128)),
+        ("quant_mxfp4", lambda: (torch.randn(4, 64, dtype=torch.bfloat16), "ceil")),
+        ("rms_norm_quant", lambda: (torch.randn(4, 256, dtype=torch.bfloat16), torch.randn(256, dtype=torch.bfloat16), 1e-6, 0.0, True, None, False, "fp8", 128, torch.float8_e4m3fn, 1e-10, False, False, True, "even")),
+        ("add_rms_norm_quant", lambda: (torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16), 1e-6, 1.0, False, None, True, "mxfp4", 0, torch.float8_e4m3fn, 0.0, False, False, False, "floor")),
+    ],
+)
+def test_custom_ops_pass_opcheck(op, args, reference_path):
+    torch.library.opcheck(getattr(torch.ops.fxfuse, op).default, args())
+
+
+def test_public_ops_validate_arguments():
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="weight"):
+        fxfuse.ops.rms_norm(x, torch.ones(32), 1e-6)
+    with pytest.raises(ValueError, match="group_size"):
+        fxfuse.ops.quant_fp8(x, group_size=48)
+    with pytest.raises(ValueError, match="rounding"):
+        fxfuse.ops.quant_mxfp4(x, rounding="nearest")
+    with pytest.raises(ValueError, match="x"):
+        fxfuse.ops.quant_mxfp4(torch.randn(4, 48))
+    with pytest.raises(ValueError, match="residual"):
+        fxfuse.ops.rms_norm(x, torch.ones(64), 1e-6, residual=torch.ones(2, 64))

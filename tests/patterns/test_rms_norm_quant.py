@@ -1,0 +1,283 @@
+"""Pattern `rmsnorm_quant`: each spelling fires and gives the unfused bytes; near-misses don't."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fxfuse
+from tests.helpers import fused_targets, outputs_bytes_equal
+
+FP8 = torch.float8_e4m3fn
+N = 256
+
+
+# --- norm spellings (each takes h, w and returns y) ---------------------------------------------
+
+
+def llama(h, w, eps=1e-6):
+    hf = h.to(torch.float32)
+    var = hf.pow(2).mean(-1, keepdim=True)
+    return w * (hf * torch.rsqrt(var + eps)).to(h.dtype)
+
+
+def mul_then_cast(h, w, eps=1e-6):
+    hf = h.float()
+    return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(h.dtype)
+
+
+def gemma(h, w, eps=1e-6):
+    hf = h.float()
+    normed = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * (1.0 + w.float())).type_as(h)
+
+
+def functional(h, w, eps=1e-6):
+    return F.rms_norm(h, (h.shape[-1],), w, eps)
+
+
+def x_times_x(h, w, eps=1e-6):
+    hf = h.float()
+    return w * (hf * torch.rsqrt((hf * hf).mean(-1, keepdim=True) + eps)).to(h.dtype)
+
+
+def reciprocal_sqrt(h, w, eps=1e-6):
+    hf = h.float()
+    return w * (hf * (1 / torch.sqrt(hf.pow(2).mean(-1, keepdim=True) + eps))).to(h.dtype)
+
+
+def sum_over_n(h, w, eps=1e-6):
+    hf = h.float()
+    var = hf.pow(2).sum(-1, keepdim=True) / h.shape[-1]
+    return w * (hf * torch.rsqrt(var + eps)).to(h.dtype)
+
+
+def fxfuse_op(h, w, eps=1e-6):
+    return fxfuse.ops.rms_norm(h, w, eps)
+
+
+NORMS = [llama, mul_then_cast, gemma, functional, x_times_x, reciprocal_sqrt, sum_over_n, fxfuse_op]
+
+
+# --- quant spellings (each takes y and returns q, scale) ----------------------------------------
+
+
+def per_token_div(y, eps=1e-10):
+    amax = y.abs().amax(dim=-1, keepdim=True).float().clamp(min=eps)
+    scale = amax / 448.0
+    return (y.float() / scale).clamp(-448.0, 448.0).to(FP8), scale
+
+
+def per_token_reciprocal(y, eps=1e-12):
+    amax = y.float().abs().max(dim=-1, keepdim=True)[0]
+    scale = (amax / 448.0).clamp(min=eps)
+    q = y.float() * (1.0 / scale)
+    return q.clamp(min=-448.0, max=448.0).to(FP8), scale
+
+
+def group_128(y, eps=1e-10):
+    m, k = y.shape[0], y.shape[-1]
+    yg = y.float().view(m, k // 128, 128)
+    scale = yg.abs().amax(dim=-1, keepdim=True).clamp(min=eps) / 448.0
+    q = (yg / scale).clamp(-448.0, 448.0).to(FP8)
+    return q.view(m, k), scale.squeeze(-1)
+
+
+def fxfuse_quant_fp8(y):
+    return fxfuse.ops.quant_fp8(y)
+
+
+def fxfuse_quant_group(y):
+    return fxfuse.ops.quant_fp8(y, group_size=128)
+
+
+def mxfp4(rounding):
+    def quant(y):
+        return fxfuse.ops.quant_mxfp4(y, rounding=rounding)
+
+    quant.__name__ = f"mxfp4_{rounding}"
+    return quant
+
+
+QUANTS = [per_token_div, per_token_reciprocal, group_128, fxfuse_quant_fp8, fxfuse_quant_group]
+QUANTS += [mxfp4(r) for r in ("floor", "even", "ceil")]
+
+
+class Chain(nn.Module):
+    def __init__(self, norm, quant, residual: bool, n: int = N):
+        super().__init__()
+        self.norm, self.quant, self.residual = norm, quant, residual
+        self.weight = nn.Parameter((1 + 0.1 * torch.randn(n)).to(torch.bfloat16))
+
+    def forward(self, x, r):
+        h = x + r if self.residual else x
+        q, scale = self.quant(self.norm(h, self.weight))
+        return (q, scale, h) if self.residual else (q, scale)
+
+
+def _inputs(m=8, n=N, dtype=torch.bfloat16):
+    return torch.randn(m, n).mul(3).to(dtype), torch.randn(m, n).to(dtype)
+
+
+def _fuse(model, inputs, **kw):
+    with torch.no_grad():
+        return fxfuse.apply_fusions(model, inputs, **kw)
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q.__name__)
+@pytest.mark.parametrize("norm", NORMS, ids=lambda f: f.__name__)
+def test_spelling_fires_and_matches_bytes(norm, quant, residual, reference_path):
+    model = Chain(norm, quant, residual)
+    inputs = _inputs()
+    fused = _fuse(model, inputs)
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1, str(fused.fxfuse_report)
+    op = "fxfuse.add_rms_norm_quant.default" if residual else "fxfuse.rms_norm_quant.default"
+    assert op in fused_targets(fused)
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
+@pytest.mark.parametrize("quant", [per_token_div, group_128, mxfp4("even")], ids=lambda q: q.__name__)
+def test_fused_kernel_in_interpreter_matches(quant):
+    """The Triton kernel itself (TRITON_INTERPRET=1) against the unfused spelling."""
+    pytest.importorskip("fxfuse.kernels.rms_norm_quant")
+    model = Chain(llama, quant, residual=True)
+    inputs = _inputs(m=4)
+    fused = _fuse(model, inputs)
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1
+    got, want = fused(*inputs), model(*inputs)
+    assert outputs_bytes_equal(got[2:], want[2:])  # the residual sum
+    # Quantized bytes: equal wherever the norm's fp32 sum order gave the same value (SPEC §5).
+    rows_equal = [
+        torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got[0], want[0])
+    ]
+    assert sum(rows_equal) >= len(rows_equal) - 1
+
+
+def test_duplicate_quants_of_one_norm_fuse_once(reference_path):
+    class QKV(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(N, dtype=torch.bfloat16))
+
+        def forward(self, x):
+            y = llama(x, self.weight)
+            return per_token_div(y), per_token_div(y), per_token_div(y)
+
+    model, inputs = QKV(), _inputs()[:1]
+    fused = _fuse(model, inputs)
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1
+    assert fused_targets(fused).count("fxfuse.rms_norm_quant.default") == 1
+    assert outputs_bytes_equal(sum(fused(*inputs), ()), sum(model(*inputs), ()))
+
+
+def test_leading_dims_and_reshape_before_quant(reference_path):
+    class Flatten(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(N, dtype=torch.bfloat16))
+
+        def forward(self, x, r):
+            h = x + r
+            y = llama(h, self.weight).reshape(-1, N)
+            return (*per_token_div(y), h)
+
+    model = Flatten()
+    inputs = tuple(t.view(2, 4, N) for t in _inputs())
+    fused = _fuse(model, inputs)
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
+# --- near-misses --------------------------------------------------------------------------------
+
+
+def _assert_not_fused(model, inputs, reason_fragment):
+    fused = _fuse(model, inputs)
+    report = fused.fxfuse_report
+    assert report.counts["rmsnorm_quant"] == 0, str(report)
+    assert not any("rms_norm_quant" in t for t in fused_targets(fused))
+    reasons = " | ".join(r for _, _, r in report.rejected)
+    assert reason_fragment in reasons, reasons
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
+class NearMiss(nn.Module):
+    def __init__(self, body, weight_shape=(N,)):
+        super().__init__()
+        self.body = body
+        self.weight = nn.Parameter(torch.ones(weight_shape, dtype=torch.bfloat16))
+
+    def forward(self, x):
+        return self.body(x, self.weight)
+
+
+def test_mean_over_another_dim_does_not_fire(reference_path):
+    def body(x, w):
+        hf = x.float()
+        y = w * (hf * torch.rsqrt(hf.pow(2).mean(0, keepdim=True) + 1e-6)).to(x.dtype)
+        return per_token_div(y)
+
+    _assert_not_fused(NearMiss(body), _inputs(m=N)[:1], "not the last dim")
+
+
+def test_weight_not_per_column_does_not_fire(reference_path):
+    _assert_not_fused(
+        NearMiss(lambda x, w: per_token_div(llama(x, w)), (8, N)), _inputs()[:1], "per-column"
+    )
+
+
+def test_extra_user_of_normed_output_does_not_fire(reference_path):
+    def body(x, w):
+        y = llama(x, w)
+        return (*per_token_div(y), y * 2)
+
+    _assert_not_fused(NearMiss(body), _inputs()[:1], "other users")
+
+
+def test_wrong_fp8_max_literal_does_not_fire(reference_path):
+    def body(x, w):
+        y = llama(x, w)
+        scale = y.abs().amax(-1, keepdim=True).float().clamp(min=1e-10) / 400.0
+        return (y.float() / scale).clamp(-448.0, 448.0).to(FP8), scale
+
+    _assert_not_fused(NearMiss(body), _inputs()[:1], "not torch.float8_e4m3fn's max")
+
+
+def test_wrong_clamp_bounds_do_not_fire(reference_path):
+    def body(x, w):
+        y = llama(x, w)
+        scale = y.abs().amax(-1, keepdim=True).float().clamp(min=1e-10) / 448.0
+        return (y.float() / scale).clamp(-240.0, 240.0).to(FP8), scale
+
+    _assert_not_fused(NearMiss(body), _inputs()[:1], "clamp to")
+
+
+def test_statistics_not_in_fp32_do_not_fire(reference_path):
+    def body(x, w):  # mean(x²) in fp16: a different number, not our kernel's
+        h = x.to(torch.float16)
+        return per_token_div((w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))))
+
+    fused = _fuse(NearMiss(body), _inputs()[:1])
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 0
+
+
+def test_group_size_the_kernel_lacks_does_not_fire(reference_path):
+    def body(x, w):
+        y = llama(x, w)
+        yg = y.float().view(8, N // 16, 16)
+        scale = yg.abs().amax(-1, keepdim=True).clamp(min=1e-10) / 448.0
+        return (yg / scale).clamp(-448.0, 448.0).to(FP8).view(8, N), scale
+
+    _assert_not_fused(NearMiss(body), _inputs()[:1], "group size 16")
+
+
+def test_disable_turns_the_pattern_off(reference_path, monkeypatch):
+    model, inputs = Chain(llama, per_token_div, True), _inputs()
+    fused = _fuse(model, inputs, config=fxfuse.FusionConfig(disable=("rmsnorm_quant",)))
+    assert "rmsnorm_quant" not in fused.fxfuse_report.counts
+    assert not any("rms_norm_quant" in t for t in fused_targets(fused))
+    monkeypatch.setenv("FXFUSE_DISABLE", "rmsnorm_quant")
+    fused = _fuse(model, inputs)
+    assert not any("rms_norm_quant" in t for t in fused_targets(fused))
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
