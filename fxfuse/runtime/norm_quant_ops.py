@@ -46,6 +46,8 @@ def _norm(x, weight, eps, residual, weight_offset, round_before_weight, out_dtyp
     rows = _rows(x)
     res_rows = None if residual is None else _rows(residual)
     if use_triton(x, weight):
+        # The kernel always computes 1 / sqrt_rn(...), exactly the `1/sqrt` spelling; for `rsqrt`
+        # spellings it can differ by 1 ulp (SPEC §5), as torch's own rsqrt does across devices.
         y, h = _kernels().rms_norm(
             rows,
             weight,
@@ -54,7 +56,6 @@ def _norm(x, weight, eps, residual, weight_offset, round_before_weight, out_dtyp
             weight_offset=weight_offset,
             round_before_weight=round_before_weight,
             norm_dtype=out_dtype,
-            reciprocal_sqrt=reciprocal_sqrt,
         )
     else:
         y, h = ref.rms_norm_ref(
@@ -192,7 +193,8 @@ def _fused(x, residual, weight, eps, norm_args, quant_args):
     rows = _rows(x)
     res_rows = None if residual is None else _rows(residual)
     if use_triton(x, weight):
-        q, scale, h, _ = _kernels().rms_norm_quant(rows, weight, eps, res_rows, **norm_args,
+        kernel_norm_args = {k: v for k, v in norm_args.items() if k != "reciprocal_sqrt"}
+        q, scale, h, _ = _kernels().rms_norm_quant(rows, weight, eps, res_rows, **kernel_norm_args,
                                                    **quant_args)
     else:
         q, scale, h = ref.rms_norm_quant_ref(rows, weight, eps, res_rows, **norm_args, **quant_args)
