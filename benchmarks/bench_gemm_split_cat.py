@@ -1,0 +1,313 @@
+"""Fused GEMM → split → cat against the unfused chain (eager and Inductor) and the GEMM alone.
+
+    PYTHONPATH=. python benchmarks/bench_gemm_split_cat.py --out $OUT            # H200: table + JSON
+    PYTHONPATH=. python benchmarks/bench_gemm_split_cat.py --out $OUT --sweep    # + sm90 launch table
+    PYTHONPATH=. python benchmarks/bench_gemm_split_cat.py --cpu-smoke           # interpreter, tiny
+
+Every case is checked first (≤ 1e-2 relative to a float64 GEMM, the y slice bit-exact). The peers
+compute what the model spells: c2 stays a view of the GEMM output, so the chain moves no byte more
+than the GEMM plus the cat. Bar (PERFORMANCE.md): ≤ 1.1× the GEMM alone and ≥ 1.25× Inductor's
+chain at M ≥ 8192.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+import time
+
+if __name__ == "__main__" and "--cpu-smoke" in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+
+from fxfuse.kernels.gemm_split_cat import gemm_split, gemm_split_cat
+
+SUITE = "gemm_split_cat"
+COPY_BYTES_PER_S = 4.25e12  # measured copy ceiling on the H200 (PERFORMANCE.md)
+BF16_FLOPS_PER_S = 680e12  # measured bf16 matrix rate (PERFORMANCE.md)
+L2_BYTES = 60 * 2**20
+GRAPH_BELOW_US = 50.0  # time with a CUDA graph when one launch is shorter than this
+BAR_MIN_M = 8192
+
+# DeepSeek-R1 MLA kv_b at TP8: K 512, N 4096 = 16 heads × (128 qk_nope + 128 v), rope 64.
+KV_B = {"k": 512, "d": 16, "s1": 128, "s2": 128, "s3": 64}
+KV_B_MS = (32, 128, 1024, 4096, 8192, 16384, 32768)
+# Not DeepSeek: widths that are no multiple of a tile (column-scatter epilogue).
+OTHER = {"k": 1024, "d": 8, "s1": 96, "s2": 160, "s3": 32}
+OTHER_MS = (128, 8192)
+SWEEP_BUCKETS = (32, 128, 1024, 4096, 8192, 16384, 32768)
+
+
+def chain(x, w, d: int, s1: int, s2: int, y):
+    """The unfused spelling (DeepSeek / HF MLA): linear → view → split → cat."""
+    c = F.linear(x, w).view(x.shape[0], d, s1 + s2)
+    c1, c2 = torch.split(c, [s1, s2], dim=-1)
+    return torch.cat([c1, y], dim=-1), c2
+
+
+def make_inputs(m: int, shape: dict, device, dtype=torch.bfloat16) -> dict:
+    k, d, s1, s2, s3 = (shape[key] for key in ("k", "d", "s1", "s2", "s3"))
+    x = torch.randn(m, k, dtype=dtype, device=device)
+    w = torch.randn(d * (s1 + s2), k, dtype=dtype, device=device) / math.sqrt(k)
+    # k_pe is one rope vector per token, broadcast over the heads: an expand, stride 0 along D.
+    y = torch.randn(m, 1, s3, dtype=dtype, device=device).expand(m, d, s3)
+    return {"x": x, "w": w, "d": d, "s1": s1, "s2": s2, "y": y}
+
+
+def input_sets(m: int, shape: dict, device) -> list[dict]:
+    """Several input sets when one fits in L2, so that rotating among them defeats the cache."""
+    n = shape["d"] * (shape["s1"] + shape["s2"])
+    set_bytes = 2 * (m * shape["k"] + n * shape["k"] + m * shape["s3"])
+    count = max(1, min(16, math.ceil(2 * L2_BYTES / set_bytes)))
+    return [make_inputs(m, shape, device) for _ in range(count)]
+
+
+def rotating(sets: list[dict], call):
+    state = {"i": 0}
+
+    def fn():
+        inputs = sets[state["i"] % len(sets)]
+        state["i"] += 1
+        return call(inputs)
+
+    return fn
+
+
+def check(inputs: dict, config: dict | None = None) -> float:
+    """Relative error of the fused outputs against float64; raises if out of tolerance."""
+    x, w, d, s1, s2, y = (inputs[key] for key in ("x", "w", "d", "s1", "s2", "y"))
+    out, c2 = gemm_split_cat(x, w, d, s1, s2, y, config=config)
+    c = (x.double() @ w.double().T).view(x.shape[0], d, s1 + s2)
+    errors = [
+        ((out[..., :s1].double() - c[..., :s1]).norm() / c[..., :s1].norm()).item(),
+        ((c2.double() - c[..., s1:]).norm() / c[..., s1:].norm()).item(),
+    ]
+    if max(errors) > 1e-2 or not torch.equal(out[..., s1:], y):
+        raise AssertionError(f"gemm_split_cat wrong: rel errors {errors}, config {config}")
+    return max(errors)
+
+
+def check_gemm_split(device) -> None:
+    """DeepSeek kv_a spelling (D = 1, sizes [512, 64]), scaled down on the CPU."""
+    k, sizes = (64, [48, 16]) if device.type == "cpu" else (7168, [512, 64])
+    x = torch.randn(33, k, dtype=torch.bfloat16, device=device)
+    w = torch.randn(sum(sizes), k, dtype=torch.bfloat16, device=device) / math.sqrt(k)
+    pieces = gemm_split(x, w, 1, sizes)
+    refs = torch.split((x.double() @ w.double().T).view(33, 1, -1), sizes, dim=-1)
+    for piece, ref in zip(pieces, refs):
+        error = ((piece.double() - ref).norm() / ref.norm()).item()
+        if error > 1e-2:
+            raise AssertionError(f"gemm_split wrong: rel error {error}")
+
+
+def time_us(fn, graph: bool) -> float:
+    if graph:
+        return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
+    return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3
+
+
+def roofline_us(m: int, shape: dict, inputs: dict) -> float:
+    k, d, s1, s2, s3 = (shape[key] for key in ("k", "d", "s1", "s2", "s3"))
+    n = d * (s1 + s2)
+    y_bytes = inputs["y"].untyped_storage().nbytes()
+    moved = 2 * (m * k + n * k + m * d * (s1 + s3 + s2)) + y_bytes
+    return max(moved / COPY_BYTES_PER_S, 2 * m * n * k / BF16_FLOPS_PER_S) * 1e6
+
+
+def fused_call(config=None):
+    def call(i):
+        return gemm_split_cat(i["x"], i["w"], i["d"], i["s1"], i["s2"], i["y"], config=config)
+
+    return call
+
+
+def bench_case(name: str, m: int, shape: dict, compiled_chain, device) -> dict:
+    sets = input_sets(m, shape, device)
+    error = check(sets[0])
+    fused = rotating(sets, fused_call())
+    peers = {
+        "eager": rotating(sets, lambda i: chain(i["x"], i["w"], i["d"], i["s1"], i["s2"], i["y"])),
+        "inductor": rotating(
+            sets, lambda i: compiled_chain(i["x"], i["w"], i["d"], i["s1"], i["s2"], i["y"])
+        ),
+        "gemm_alone": rotating(sets, lambda i: F.linear(i["x"], i["w"])),
+    }
+    peers["inductor"]()  # compile outside the timing
+    graph = time_us(fused, graph=False) < GRAPH_BELOW_US
+    fused_us = time_us(fused, graph)
+    peers_us = {peer: time_us(fn, graph) for peer, fn in peers.items()}
+    repeat_us = time_us(fused, graph)  # the same thing twice: the spread is the noise floor
+    n = shape["d"] * (shape["s1"] + shape["s2"])
+    return {
+        "case": name,
+        "shape": {"m": m, "n": n, **shape},
+        "fxfuse_us": round(fused_us, 2),
+        "fxfuse_repeat_us": round(repeat_us, 2),
+        "peers_us": {peer: round(us, 2) for peer, us in peers_us.items()},
+        "roofline_us": round(roofline_us(m, shape, sets[0]), 2),
+        "timing": "cudagraph" if graph else "do_bench",
+        "max_rel_error": error,
+    }
+
+
+def print_header() -> None:
+    print(
+        f"{'case':<6} {'m':>6} {'fxfuse':>9} {'again':>9} {'eager':>9} {'inductor':>9} "
+        f"{'gemm':>9} {'roof':>8} {'/gemm':>6} {'ind/fx':>6} {'%roof':>6}  timing  bar"
+    )
+
+
+def print_rows(rows: list[dict]) -> None:
+    for row in rows:
+        m, fx, peers = row["shape"]["m"], row["fxfuse_us"], row["peers_us"]
+        vs_gemm, vs_inductor = fx / peers["gemm_alone"], peers["inductor"] / fx
+        bar = ""
+        if m >= BAR_MIN_M:
+            bar = "PASS" if vs_gemm <= 1.1 and vs_inductor >= 1.25 else "FAIL"
+        print(
+            f"{row['case']:<6} {m:>6} {fx:>9.2f} {row['fxfuse_repeat_us']:>9.2f} "
+            f"{peers['eager']:>9.2f} {peers['inductor']:>9.2f} {peers['gemm_alone']:>9.2f} "
+            f"{row['roofline_us']:>8.2f} {vs_gemm:>6.3f} {vs_inductor:>6.3f} "
+            f"{100 * row['roofline_us'] / fx:>5.1f}%  {row['timing']:<10}{bar}"
+        )
+
+
+def sweep_configs(m: int) -> list[dict]:
+    """Candidate sm90 configs for one M bucket (shared memory ≤ 227 KB a block)."""
+    configs = []
+    if m <= 128:
+        space = [(bm, bn, bk, sk, 4, 3) for bm in (16, 32, 64) for bn in (64, 128)
+                 for bk in (128, 256) for sk in (1, 2, 4)]  # fmt: skip
+    else:
+        space = [(bm, bn, bk, 1, nw, st) for bm in (64, 128) for bn in (128, 256)
+                 for bk in (64, 128) for nw in (4, 8) for st in (3, 4)]  # fmt: skip
+    for bm, bn, bk, sk, nw, st in space:
+        if bm >= m * 2 and bm > 16:
+            continue  # a row block much taller than M only wastes MMA work
+        if (bm * bk + bk * bn) * 2 * st > 227 * 1024:
+            continue
+        if bm * bn > 128 * 128 and nw == 4:
+            continue  # accumulator does not fit in 4 warps' registers
+        configs.append(
+            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": sk,
+             "num_warps": nw, "num_stages": st}
+        )  # fmt: skip
+    return configs
+
+
+def run_sweep(device, out_dir: str) -> None:
+    today = datetime.date.today().isoformat()
+    best = []
+    for m in SWEEP_BUCKETS:
+        sets = input_sets(m, KV_B, device)
+        results = []
+        for config in sweep_configs(m):
+            try:
+                check(sets[0], config)
+                results.append((time_us(rotating(sets, fused_call(config)), graph=True), config))
+            except Exception as error:  # noqa: BLE001 (a config the compiler rejects is skipped)
+                print(f"  m={m} {config}: {type(error).__name__}: {str(error)[:120]}")
+        results.sort(key=lambda r: r[0])
+        for us, config in results[:3]:
+            print(f"sweep m={m:>6} {us:8.2f} us  {config}")
+        best.append((m, results[0][1]))
+    entries = []
+    for i, (m, config) in enumerate(best):
+        if entries and entries[-1]["config"] == config:
+            entries[-1]["when"] = {"m_max": m}
+        else:
+            entries.append({"when": {"m_max": m}, "config": config})
+    entries[-1]["when"] = {}
+    sm90 = {
+        "timed": True,
+        "source": f"benchmarks/bench_gemm_split_cat.py --sweep, {torch.cuda.get_device_name()}, "
+        f"kv_b 4096x512, {today}",
+        "entries": entries,
+    }
+    print("sm90 table:\n" + json.dumps(sm90, indent=1))
+    with open(os.path.join(out_dir, f"{SUITE}_sweep_sm90.json"), "w") as f:
+        json.dump(sm90, f, indent=1)
+
+
+def cpu_smoke(out_dir: str | None) -> None:
+    device = torch.device("cpu")
+    shape = {"k": 64, "d": 4, "s1": 48, "s2": 40, "s3": 24}
+    rows = []
+    for m in (1, 33):
+        inputs = make_inputs(m, shape, device)
+        error = check(inputs)
+        check(inputs, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "SPLIT_K": 2})
+        start = time.perf_counter()
+        fused_call()(inputs)
+        fused_us = (time.perf_counter() - start) * 1e6
+        start = time.perf_counter()
+        chain(inputs["x"], inputs["w"], 4, 48, 40, inputs["y"])
+        eager_us = (time.perf_counter() - start) * 1e6
+        rows.append({"case": "smoke", "m": m, "fxfuse_us": fused_us, "eager_us": eager_us,
+                     "max_rel_error": error})  # fmt: skip
+    check_gemm_split(device)
+    for row in rows:
+        print(f"cpu-smoke m={row['m']:>3}: ok (rel error {row['max_rel_error']:.2e}); interpreter "
+              f"{row['fxfuse_us']:.0f} us vs eager {row['eager_us']:.0f} us (not a timing)")  # fmt: skip
+    if out_dir:
+        with open(os.path.join(out_dir, f"{SUITE}_cpu_smoke.json"), "w") as f:
+            json.dump({"note": "interpreter, not a timing", "rows": rows}, f, indent=1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="folder for <suite>.json (default: none)")
+    parser.add_argument("--sweep", action="store_true", help="also sweep sm90 launch configs")
+    parser.add_argument("--sweep-only", action="store_true", help="only the sweep")
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes in the interpreter")
+    args = parser.parse_args()
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+    if args.cpu_smoke:
+        cpu_smoke(args.out)
+        return
+    if not torch.cuda.is_available():
+        sys.exit("needs a GPU (or --cpu-smoke)")
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    if not args.sweep_only:
+        # One compiled chain per shape (static shapes, Inductor's best case); room for them all.
+        for limit in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, limit):
+                setattr(torch._dynamo.config, limit, 64)
+        compiled_chain = torch.compile(chain, dynamic=False)
+        check_gemm_split(device)
+        rows = []
+        print_header()
+        cases = [("kv_b", m, KV_B) for m in KV_B_MS] + [("other", m, OTHER) for m in OTHER_MS]
+        for name, m, shape in cases:
+            rows.append(bench_case(name, m, shape, compiled_chain, device))
+            print_rows(rows[-1:])
+        print()
+        print_header()
+        print_rows(rows)
+        result = {
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "date": datetime.date.today().isoformat(),
+            "command": "PYTHONPATH=. python " + " ".join(sys.argv),
+            "rows": rows,
+        }
+        if args.out:
+            with open(os.path.join(args.out, f"{SUITE}.json"), "w") as f:
+                json.dump(result, f, indent=1)
+    if args.sweep or args.sweep_only:
+        run_sweep(device, args.out or ".")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,464 @@
+"""Fused GEMM → split → cat (SPEC §3): each GEMM tile is written straight to its destination.
+
+    c       = (x @ wᵀ).view(M, D, S1 + S2)         x (M, K), w (N, K) (F.linear layout), N = D·(S1+S2)
+    c1, c2  = split(c, [S1, S2], -1)
+    out     = cat([c1, y], -1)                      y (M, D, S3), any strides (stride 0 for an expand)
+    returns out (M, D, S1 + S3) and c2 (M, D, S2), both contiguous, dtype x.dtype.
+
+GEMM column n of row m is (d, s) = divmod(n, S1 + S2); the epilogue sends s < S1 to out[m, d, s]
+and s ≥ S1 to c2[m, d, s − S1]. In general the destinations are up to four "pieces" of widths
+W0..W3 (the split sizes), piece i with row width LDi; gemm_split_cat uses piece 0 = out
+(LD0 = S1 + S3) and piece 1 = c2, and programs past the GEMM grid copy y into out[:, :, S1:].
+`gemm_split` is the same kernel with no copy: the pieces of split(c, sizes, -1), each contiguous.
+
+Accumulation is fp32 (tl.dot), rounded once to x.dtype at the store. When every piece width is a
+multiple of BLOCK_N / EPILOGUE_SUBTILES, each column sub-tile lies in one (d, piece) and is stored
+as one contiguous block (vector stores); otherwise each column is scattered on its own.
+Split-K (small M): fp32 partials (SPLIT_K, M, N) in a workspace, then a second kernel sums them in
+a fixed order (deterministic, no atomics), does the same scatter and the y copy.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fxfuse.runtime import launch_tables
+from fxfuse.runtime.target import detect_target, interpreting
+
+KERNEL = "gemm_split_cat"
+MAX_PIECES = 4
+DTYPES = (torch.bfloat16, torch.float16)
+# A copy step moves about this many elements of y; a copy program does COPY_ITERS steps, so that
+# copy programs (which take a GEMM-sized slot: same kernel, same shared memory) stay few. Fixed,
+# not by M: a constexpr that varied with M would compile once per bucket.
+COPY_STEP_ELEMENTS = 4096
+COPY_ITERS = 4
+MAX_BLOCK_S3 = 1024
+
+# Kernel arguments are grouped on lines by role (pointers, sizes, strides, meta-parameters).
+# fmt: off
+
+
+@triton.jit
+def _cdiv(a, b):
+    # Not tl.cdiv: in the interpreter it returns a 1-element tensor, which `range` rejects.
+    return (a + b - 1) // b
+
+
+@triton.jit
+def _store_columns(vals, dst_ptr, rows, mask, D, LD, lo, width, d, s):
+    """Scatter columns whose s falls in [lo, lo + width) of one piece (row width LD)."""
+    in_piece = mask & ((s >= lo) & (s < lo + width))[None, :]
+    offsets = rows[:, None] * (D * LD) + (d * LD + s - lo)[None, :]
+    tl.store(dst_ptr + offsets, vals, mask=in_piece)
+
+
+@triton.jit
+def _store_block(vals, dst_ptr, rows, row_mask, offs_sub, D, LD, lo, d, s0):
+    """Store a sub-tile that lies inside one piece at one d: contiguous along the columns."""
+    offsets = rows[:, None] * (D * LD) + (d * LD + s0 - lo) + offs_sub[None, :]
+    tl.store(dst_ptr + offsets, vals, mask=row_mask[:, None])
+
+
+@triton.jit
+def _store_subtile(
+    vals, n0, rows, row_mask,
+    p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+    N, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3,
+    SUB_N: tl.constexpr, NUM_PIECES: tl.constexpr,
+):
+    offs_sub = tl.arange(0, SUB_N)
+    d = n0 // SW
+    s0 = n0 % SW
+    lo1 = W0
+    lo2 = W0 + W1
+    lo3 = W0 + W1 + W2
+    # Constexpr guards stay separate from the run-time tests (Triton has no `and` over tensors).
+    if n0 < N:
+        if s0 < lo1:
+            _store_block(vals, p0_ptr, rows, row_mask, offs_sub, D, LD0, 0, d, s0)
+        if NUM_PIECES > 1:  # noqa: SIM102
+            if (s0 >= lo1) & (s0 < lo2):
+                _store_block(vals, p1_ptr, rows, row_mask, offs_sub, D, LD1, lo1, d, s0)
+        if NUM_PIECES > 2:  # noqa: SIM102
+            if (s0 >= lo2) & (s0 < lo3):
+                _store_block(vals, p2_ptr, rows, row_mask, offs_sub, D, LD2, lo2, d, s0)
+        if NUM_PIECES > 3:  # noqa: SIM102
+            if s0 >= lo3:
+                _store_block(vals, p3_ptr, rows, row_mask, offs_sub, D, LD3, lo3, d, s0)
+
+
+@triton.jit
+def _store_tile(
+    acc, offs_m, pid_n,
+    p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+    M, N, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3,
+    BLOCK_N: tl.constexpr, NUM_PIECES: tl.constexpr, EPILOGUE_SUBTILES: tl.constexpr,
+):
+    """Write an fp32 (BLOCK_M, BLOCK_N) GEMM tile to the pieces, rounded to their dtype."""
+    vals = acc.to(p0_ptr.dtype.element_ty)
+    rows = offs_m.to(tl.int64)
+    row_mask = offs_m < M
+    n_start = pid_n * BLOCK_N
+    if EPILOGUE_SUBTILES == 1:
+        _store_subtile(
+            vals, n_start, rows, row_mask, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+            N, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3, BLOCK_N, NUM_PIECES,
+        )
+    elif EPILOGUE_SUBTILES == 2:
+        # Columns [0, BLOCK_N/2) and [BLOCK_N/2, BLOCK_N) as two tiles (each inside one piece).
+        halves = tl.permute(tl.reshape(vals, (vals.shape[0], 2, BLOCK_N // 2)), (0, 2, 1))
+        left, right = tl.split(halves)
+        _store_subtile(
+            left, n_start, rows, row_mask, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+            N, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3, BLOCK_N // 2, NUM_PIECES,
+        )
+        _store_subtile(
+            right, n_start + BLOCK_N // 2, rows, row_mask, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+            N, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3, BLOCK_N // 2, NUM_PIECES,
+        )
+    else:
+        offs_n = n_start + tl.arange(0, BLOCK_N)
+        d = offs_n // SW
+        s = offs_n % SW
+        mask = row_mask[:, None] & (offs_n < N)[None, :]
+        _store_columns(vals, p0_ptr, rows, mask, D, LD0, 0, W0, d, s)
+        if NUM_PIECES > 1:
+            _store_columns(vals, p1_ptr, rows, mask, D, LD1, W0, W1, d, s)
+        if NUM_PIECES > 2:
+            _store_columns(vals, p2_ptr, rows, mask, D, LD2, W0 + W1, W2, d, s)
+        if NUM_PIECES > 3:
+            _store_columns(vals, p3_ptr, rows, mask, D, LD3, W0 + W1 + W2, SW, d, s)
+
+
+@triton.jit
+def _copy_y(
+    copy_pid, y_ptr, out_ptr,
+    M, D, S3, COL, LD,
+    stride_ym, stride_yd, stride_ys,
+    COPY_ROWS: tl.constexpr, BLOCK_S3: tl.constexpr, COPY_ITERS: tl.constexpr,
+    COPY_COL_ITERS: tl.constexpr,
+):
+    """out[m, d, COL + s] = y[m, d, s] for COPY_ITERS blocks of COPY_ROWS rows r = m·D + d."""
+    total_rows = M * D
+    for i in range(COPY_ITERS):
+        rows = (copy_pid * COPY_ITERS + i).to(tl.int64) * COPY_ROWS + tl.arange(0, COPY_ROWS)
+        row_mask = rows < total_rows
+        m = rows // D
+        d = rows % D
+        for j in range(COPY_COL_ITERS):
+            offs_s = j * BLOCK_S3 + tl.arange(0, BLOCK_S3)
+            mask = row_mask[:, None] & (offs_s < S3)[None, :]
+            y_ptrs = (
+                y_ptr
+                + (m * stride_ym + d * stride_yd)[:, None]
+                + offs_s[None, :].to(tl.int64) * stride_ys
+            )
+            vals = tl.load(y_ptrs, mask=mask)
+            tl.store(out_ptr + rows[:, None] * LD + COL + offs_s[None, :], vals, mask=mask)
+
+
+@triton.jit
+def _gemm_split_cat_kernel(
+    # pointers: inputs, fp32 split-K workspace, the pieces (piece 0 also receives y)
+    x_ptr, w_ptr, y_ptr, partial_ptr,
+    p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+    # sizes: GEMM, the (D, SW) view of a row, piece widths and row widths, y's width
+    M, N, K, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3, S3,
+    # strides (in elements)
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yd, stride_ys,
+    # meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr, K_ITERS: tl.constexpr, EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    NUM_PIECES: tl.constexpr,
+    EPILOGUE_SUBTILES: tl.constexpr,
+    COPY_ROWS: tl.constexpr, BLOCK_S3: tl.constexpr, COPY_ITERS: tl.constexpr,
+    COPY_COL_ITERS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_m = _cdiv(M, BLOCK_M)
+    num_pid_n = _cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    if pid < num_tiles * SPLIT_K:
+        pid_k = pid // num_tiles
+        tile = pid % num_tiles
+        # Grouped ordering: GROUP_M row blocks sweep the columns together, so w tiles hit in L2.
+        num_pid_in_group = GROUP_M * num_pid_n
+        first_pid_m = (tile // num_pid_in_group) * GROUP_M
+        group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+        pid_m = first_pid_m + (tile % num_pid_in_group) % group_size_m
+        pid_n = (tile % num_pid_in_group) // group_size_m
+
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        # Out-of-range rows / columns wrap around instead of being masked; their results are
+        # never stored.
+        offs_am = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M).to(tl.int64)
+        offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N).to(tl.int64)
+        # Split pid_k covers K_ITERS blocks of BLOCK_K from k_start (the last split may run past K).
+        k_start = pid_k * (K_ITERS * BLOCK_K)
+        offs_k = k_start + tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + offs_am[:, None] * stride_xm + offs_k[None, :] * stride_xk
+        w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_bn[None, :] * stride_wn
+
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for i in range(K_ITERS):
+            if EVEN_K:
+                a = tl.load(x_ptrs)
+                b = tl.load(w_ptrs)
+            else:
+                k_mask = (k_start + i * BLOCK_K + tl.arange(0, BLOCK_K)) < K
+                a = tl.load(x_ptrs, mask=k_mask[None, :], other=0.0)
+                b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
+            if DOT_IN_FP32:
+                # The interpreter's tl.dot multiplies bf16 as raw uint16 (triton 3.6); bf16 -> fp32
+                # is exact and the products are exact in fp32, so this changes nothing else.
+                acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+            x_ptrs += BLOCK_K * stride_xk
+            w_ptrs += BLOCK_K * stride_wk
+
+        if SPLIT_K == 1:
+            _store_tile(
+                acc, offs_m, pid_n, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+                M, N, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3,
+                BLOCK_N, NUM_PIECES, EPILOGUE_SUBTILES,
+            )
+        else:
+            rows = offs_m.to(tl.int64)
+            partial_ptrs = (
+                partial_ptr + (pid_k * M + rows)[:, None] * N + offs_n[None, :]
+            )
+            mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+            tl.store(partial_ptrs, acc, mask=mask)
+    else:
+        _copy_y(
+            pid - num_tiles * SPLIT_K, y_ptr, p0_ptr, M, D, S3, W0, LD0,
+            stride_ym, stride_yd, stride_ys, COPY_ROWS, BLOCK_S3, COPY_ITERS, COPY_COL_ITERS,
+        )
+
+
+@triton.jit
+def _split_k_reduce_kernel(
+    # pointers
+    partial_ptr, y_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+    # sizes
+    M, N, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3, S3,
+    # strides of y
+    stride_ym, stride_yd, stride_ys,
+    # meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+    NUM_PIECES: tl.constexpr, EPILOGUE_SUBTILES: tl.constexpr,
+    COPY_ROWS: tl.constexpr, BLOCK_S3: tl.constexpr, COPY_ITERS: tl.constexpr,
+    COPY_COL_ITERS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_n = _cdiv(N, BLOCK_N)
+    num_tiles = _cdiv(M, BLOCK_M) * num_pid_n
+    if pid < num_tiles:
+        pid_m = pid // num_pid_n
+        pid_n = pid % num_pid_n
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        partial_ptrs = partial_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        # Fixed summation order over the splits: the result does not depend on scheduling.
+        for split in range(SPLIT_K):
+            acc += tl.load(partial_ptrs + split * M * N, mask=mask, other=0.0)
+        _store_tile(
+            acc, offs_m, pid_n, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+            M, N, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3,
+            BLOCK_N, NUM_PIECES, EPILOGUE_SUBTILES,
+        )
+    else:
+        _copy_y(
+            pid - num_tiles, y_ptr, p0_ptr, M, D, S3, W0, LD0,
+            stride_ym, stride_yd, stride_ys, COPY_ROWS, BLOCK_S3, COPY_ITERS, COPY_COL_ITERS,
+        )
+
+
+# fmt: on
+
+CONFIG_FIELDS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")
+
+
+def _launch_config(
+    m: int, n: int, k: int, config: dict | None, target: str | None, device: torch.device
+) -> dict:
+    target = target or detect_target(device)
+    chosen = launch_tables.lookup(KERNEL, target, m=m, n=n, k=k)
+    if config:
+        unknown = sorted(set(config) - set(CONFIG_FIELDS))
+        if unknown:
+            raise ValueError(f"config: unknown keys {unknown}; expected some of {CONFIG_FIELDS}")
+        chosen.update(config)
+    for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+        value = chosen[key]
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"config: {key}={value} must be a power of two >= 16 (tl.dot)")
+    return chosen
+
+
+def _epilogue_subtiles(block_n: int, widths: list[int]) -> int:
+    """1 or 2 when every piece width is a multiple of the sub-tile width, else 0 (scatter)."""
+    for subtiles in (1, 2):
+        if all(width % (block_n // subtiles) == 0 for width in widths):
+            return subtiles
+    return 0
+
+
+def _copy_meta(rows: int, s3: int) -> dict:
+    block_s3 = min(triton.next_power_of_2(max(s3, 1)), MAX_BLOCK_S3)
+    copy_rows = max(1, COPY_STEP_ELEMENTS // block_s3)
+    programs = triton.cdiv(rows, copy_rows * COPY_ITERS) if s3 > 0 else 0
+    return {
+        "COPY_ROWS": copy_rows,
+        "BLOCK_S3": block_s3,
+        "COPY_ITERS": COPY_ITERS,
+        "COPY_COL_ITERS": triton.cdiv(s3, block_s3),
+        "programs": programs,
+    }
+
+
+def _check_gemm_inputs(x: torch.Tensor, w: torch.Tensor, d: int) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D (M, K) tensor, got {getattr(x, 'shape', type(x))}")
+    if x.dtype not in DTYPES:
+        raise ValueError(f"x: dtype must be one of {DTYPES}, got {x.dtype}")
+    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+        raise ValueError(f"w: expected a 2-D (N, K) tensor, got {getattr(w, 'shape', type(w))}")
+    if w.dtype != x.dtype:
+        raise ValueError(f"w: dtype {w.dtype} differs from x's {x.dtype}")
+    if w.device != x.device:
+        raise ValueError(f"w: on {w.device}, x on {x.device}")
+    if w.shape[1] != x.shape[1]:
+        raise ValueError(f"w: K = {w.shape[1]} differs from x's K = {x.shape[1]}")
+    if not isinstance(d, int) or d < 1:
+        raise ValueError(f"d: expected a positive int, got {d!r}")
+
+
+def _launch(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    d: int,
+    pieces: list[torch.Tensor],
+    widths: list[int],
+    y: torch.Tensor | None,
+    config: dict | None,
+    target: str | None,
+) -> None:
+    """Run the GEMM into `pieces` (piece 0 also receives y at column widths[0] when given)."""
+    m, k = x.shape
+    n = w.shape[0]
+    if m == 0:
+        return
+    cfg = _launch_config(m, n, k, config, target, x.device)
+    block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    split_k = cfg["SPLIT_K"]
+    num_pieces = len(pieces)
+    dst = pieces + [pieces[0]] * (MAX_PIECES - num_pieces)
+    w_pad = widths + [0] * (MAX_PIECES - num_pieces)
+    ld = [p.shape[-1] for p in pieces] + [1] * (MAX_PIECES - num_pieces)
+    s3 = 0 if y is None else y.shape[-1]
+    y_arg = x if y is None else y
+    y_strides = (0, 0, 0) if y is None else y.stride()
+    copy = _copy_meta(m * d, s3)
+    epilogue = _epilogue_subtiles(block_n, widths)
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    sizes = (m, n, k, d, sum(widths), w_pad[0], w_pad[1], w_pad[2], *ld, s3)
+    copy_meta = {key: value for key, value in copy.items() if key != "programs"}
+
+    # Loop trip counts are constexprs: the interpreter (triton 3.6, numpy 2.4) cannot run `range`
+    # over a run-time bound. A layer's K is fixed, so this costs no extra compiles in practice.
+    k_iters = triton.cdiv(k, block_k * split_k)
+    if split_k == 1:
+        partial = x  # unused
+        gemm_programs = tiles + copy["programs"]
+    else:
+        partial = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+        gemm_programs = tiles * split_k
+    _gemm_split_cat_kernel[(gemm_programs,)](
+        x, w, y_arg, partial, *dst,
+        *sizes,
+        x.stride(0), x.stride(1), w.stride(0), w.stride(1), *y_strides,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=cfg["GROUP_M"],
+        SPLIT_K=split_k, K_ITERS=k_iters, EVEN_K=k % (block_k * split_k) == 0,
+        DOT_IN_FP32=interpreting() and x.dtype == torch.bfloat16, NUM_PIECES=num_pieces,
+        EPILOGUE_SUBTILES=epilogue, **copy_meta,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    if split_k > 1:
+        # The reduce is memory-bound: fixed modest tiles whatever the GEMM's were.
+        reduce_m, reduce_n = 16, min(block_n, 128)
+        reduce_tiles = triton.cdiv(m, reduce_m) * triton.cdiv(n, reduce_n)
+        _split_k_reduce_kernel[(reduce_tiles + copy["programs"],)](
+            partial, y_arg, *dst,
+            m, n, d, sum(widths), w_pad[0], w_pad[1], w_pad[2], *ld, s3,
+            *y_strides,
+            BLOCK_M=reduce_m, BLOCK_N=reduce_n, SPLIT_K=split_k, NUM_PIECES=num_pieces,
+            EPILOGUE_SUBTILES=_epilogue_subtiles(reduce_n, widths), **copy_meta,
+            num_warps=4,
+        )  # fmt: skip
+
+
+def gemm_split_cat(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    d: int,
+    s1: int,
+    s2: int,
+    y: torch.Tensor,
+    *,
+    config: dict | None = None,
+    target: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cat([c1, y], -1), c2) of c1, c2 = split((x @ wᵀ).view(M, d, s1 + s2), [s1, s2], -1)."""
+    _check_gemm_inputs(x, w, d)
+    for name, value in (("s1", s1), ("s2", s2)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}: expected a non-negative int, got {value!r}")
+    if s1 + s2 == 0:
+        raise ValueError("s1: s1 + s2 must be positive")
+    m, n = x.shape[0], w.shape[0]
+    if n != d * (s1 + s2):
+        raise ValueError(f"w: has {n} rows, expected d·(s1 + s2) = {d}·{s1 + s2} = {d * (s1 + s2)}")
+    if not isinstance(y, torch.Tensor) or y.dim() != 3 or tuple(y.shape[:2]) != (m, d):
+        raise ValueError(f"y: expected shape ({m}, {d}, S3), got {getattr(y, 'shape', type(y))}")
+    if y.dtype != x.dtype:
+        raise ValueError(f"y: dtype {y.dtype} differs from x's {x.dtype}")
+    if y.device != x.device:
+        raise ValueError(f"y: on {y.device}, x on {x.device}")
+    s3 = y.shape[2]
+    out = torch.empty((m, d, s1 + s3), dtype=x.dtype, device=x.device)
+    c2 = torch.empty((m, d, s2), dtype=x.dtype, device=x.device)
+    _launch(x, w, d, [out, c2], [s1, s2], y, config, target)
+    return out, c2
+
+
+def gemm_split(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    d: int,
+    sizes: list[int] | tuple[int, ...],
+    *,
+    config: dict | None = None,
+    target: str | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """The pieces of split((x @ wᵀ).view(M, d, sum(sizes)), sizes, -1), each (M, d, size)
+    contiguous, written straight from the GEMM tiles (up to four pieces)."""
+    _check_gemm_inputs(x, w, d)
+    sizes = list(sizes)
+    if not 1 <= len(sizes) <= MAX_PIECES:
+        raise ValueError(f"sizes: expected 1 to {MAX_PIECES} sizes, got {len(sizes)}")
+    if any(not isinstance(s, int) or s < 0 for s in sizes) or sum(sizes) == 0:
+        raise ValueError(f"sizes: expected non-negative ints with a positive sum, got {sizes}")
+    m, n = x.shape[0], w.shape[0]
+    if n != d * sum(sizes):
+        raise ValueError(f"w: has {n} rows, expected d·sum(sizes) = {d}·{sum(sizes)}")
+    pieces = [torch.empty((m, d, s), dtype=x.dtype, device=x.device) for s in sizes]
+    _launch(x, w, d, pieces, sizes, None, config, target)
+    return tuple(pieces)

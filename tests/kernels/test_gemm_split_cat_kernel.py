@@ -1,0 +1,200 @@
+"""GEMM → split → cat kernel against its torch reference (interpreter on CPU; tests/conftest.py sets
+TRITON_INTERPRET=1). GEMM outputs ≤ 1e-2 relative to a float64 reference (SPEC §5); the copied y
+slice bit-exact."""
+
+import pytest
+import torch
+
+from fxfuse.kernels.gemm_split_cat import gemm_split, gemm_split_cat
+from fxfuse.kernels.gemm_split_cat_ref import gemm_split_cat_ref, gemm_split_ref
+from fxfuse.runtime import launch_tables
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+RTOL = 1e-2
+# Small tiles so that tiny shapes still span several tiles, partial tiles and a K tail.
+SMALL = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def gemm64(x: torch.Tensor, w: torch.Tensor, d: int) -> torch.Tensor:
+    return (x.double() @ w.double().T).view(x.shape[0], d, -1)
+
+
+def make_y(kind: str, m: int, d: int, s3: int, dtype: torch.dtype) -> torch.Tensor:
+    if kind == "expand":  # DeepSeek k_pe broadcast over heads: stride 0 along D
+        return torch.randn(m, 1, s3, dtype=dtype, device=DEVICE).expand(m, d, s3)
+    if kind == "permuted":  # no unit stride anywhere
+        return torch.randn(s3, m, d, dtype=dtype, device=DEVICE).permute(1, 2, 0)
+    return torch.randn(m, d, s3, dtype=dtype, device=DEVICE)
+
+
+def make_x(kind: str, m: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    if kind == "strided_rows":  # a slice of a wider buffer: row stride > K
+        return torch.randn(m, k + 5, dtype=dtype, device=DEVICE)[:, :k]
+    if kind == "transposed":  # K-stride != 1
+        return torch.randn(k, m, dtype=dtype, device=DEVICE).T
+    return torch.randn(m, k, dtype=dtype, device=DEVICE)
+
+
+def check_split_cat(x, w, d, s1, s2, y, config=None):
+    out, c2 = gemm_split_cat(x, w, d, s1, s2, y, config=config)
+    m, s3 = x.shape[0], y.shape[-1]
+    assert out.shape == (m, d, s1 + s3) and c2.shape == (m, d, s2)
+    assert out.is_contiguous() and c2.is_contiguous()
+    assert out.dtype == x.dtype and c2.dtype == x.dtype
+    c = gemm64(x, w, d)
+    if s1:
+        assert rel_err(out[..., :s1], c[..., :s1]) <= RTOL
+    if s2:
+        assert rel_err(c2, c[..., s1:]) <= RTOL
+    assert torch.equal(out[..., s1:], y)
+    # And the x.dtype torch reference, within the same tolerance.
+    out_ref, c2_ref = gemm_split_cat_ref(x, w, d, s1, s2, y)
+    assert rel_err(out, out_ref.double()) <= RTOL and torch.equal(out[..., s1:], out_ref[..., s1:])
+    if s2:
+        assert rel_err(c2, c2_ref.double()) <= RTOL
+
+
+# (m, k, d, s1, s2, s3, dtype, config, x kind, y kind)
+CASES = [
+    # S not powers of two (column scatter epilogue), odd M, table config.
+    (33, 64, 4, 48, 40, 24, torch.bfloat16, None, "contiguous", "expand"),
+    (33, 64, 4, 48, 40, 24, torch.bfloat16, SMALL, "strided_rows", "expand"),
+    # D = 1 and a K tail (40 = 2·16 + 8).
+    (17, 40, 1, 48, 40, 24, torch.float16, SMALL, "contiguous", "contiguous"),
+    # Piece widths multiples of BLOCK_N (one block store per tile) / of BLOCK_N / 2 (two).
+    (31, 48, 3, 32, 64, 8, torch.bfloat16, SMALL, "transposed", "permuted"),
+    (31, 48, 3, 32, 64, 8, torch.float16, {**SMALL, "BLOCK_N": 64}, "contiguous", "expand"),
+    # Split-K (small M): fp32 partials, then the reduce kernel scatters and copies y.
+    (5, 64, 2, 48, 40, 24, torch.bfloat16, {**SMALL, "SPLIT_K": 3}, "strided_rows", "expand"),
+    (
+        9,
+        40,
+        3,
+        32,
+        32,
+        8,
+        torch.float16,
+        {**SMALL, "BLOCK_N": 64, "SPLIT_K": 2},
+        "contiguous",
+        "permuted",
+    ),
+    # One row, y wider than c1.
+    (1, 32, 4, 24, 8, 40, torch.bfloat16, SMALL, "contiguous", "expand"),
+]
+
+
+@pytest.mark.parametrize("m, k, d, s1, s2, s3, dtype, config, x_kind, y_kind", CASES)
+def test_gemm_split_cat_matches_reference(m, k, d, s1, s2, s3, dtype, config, x_kind, y_kind):
+    torch.manual_seed(m * 131 + k)
+    x = make_x(x_kind, m, k, dtype)
+    w = torch.randn(d * (s1 + s2), k, dtype=dtype, device=DEVICE)
+    y = make_y(y_kind, m, d, s3, dtype)
+    check_split_cat(x, w, d, s1, s2, y, config)
+
+
+def test_empty_y_and_empty_second_piece():
+    torch.manual_seed(1)
+    x = torch.randn(7, 32, dtype=torch.bfloat16, device=DEVICE)
+    w = torch.randn(2 * 40, 32, dtype=torch.bfloat16, device=DEVICE)
+    check_split_cat(x, w, 2, 40, 0, make_y("contiguous", 7, 2, 0, x.dtype), SMALL)
+    w = torch.randn(2 * 48, 32, dtype=torch.bfloat16, device=DEVICE)
+    check_split_cat(x, w, 2, 24, 24, make_y("contiguous", 7, 2, 0, x.dtype), SMALL)
+
+
+def test_zero_rows():
+    x = torch.randn(0, 16, dtype=torch.bfloat16, device=DEVICE)
+    w = torch.randn(2 * 24, 16, dtype=torch.bfloat16, device=DEVICE)
+    out, c2 = gemm_split_cat(x, w, 2, 16, 8, make_y("contiguous", 0, 2, 8, x.dtype))
+    assert out.shape == (0, 2, 24) and c2.shape == (0, 2, 8)
+
+
+@pytest.mark.parametrize(
+    "m, k, d, sizes, config",
+    [
+        (19, 64, 1, [48, 16], SMALL),  # DeepSeek kv_a (512 | 64) scaled down, D = 1
+        (19, 64, 1, [48, 16], None),
+        (11, 40, 2, [24, 40, 8], SMALL),  # three pieces (q_a | kv_a | k_pe style)
+        (11, 40, 2, [32, 32, 32, 32], {**SMALL, "BLOCK_N": 64}),  # four, block stores
+        (6, 32, 3, [40], SMALL),  # one piece: a plain GEMM into (M, D, S)
+        (13, 64, 2, [48, 16], {**SMALL, "SPLIT_K": 2}),
+    ],
+)
+def test_gemm_split_matches_reference(m, k, d, sizes, config):
+    torch.manual_seed(m + k)
+    x = make_x("strided_rows", m, k, torch.bfloat16)
+    w = torch.randn(d * sum(sizes), k, dtype=torch.bfloat16, device=DEVICE)
+    pieces = gemm_split(x, w, d, sizes, config=config)
+    c = gemm64(x, w, d)
+    refs = torch.split(c, sizes, dim=-1)
+    ref_pieces = gemm_split_ref(x, w, d, sizes)
+    assert len(pieces) == len(sizes)
+    for piece, ref, ref_piece, size in zip(pieces, refs, ref_pieces, sizes):
+        assert piece.shape == (m, d, size) and piece.is_contiguous()
+        assert rel_err(piece, ref) <= RTOL
+        assert rel_err(piece, ref_piece.double()) <= RTOL
+
+
+def _inputs(m=4, k=32, d=2, s1=16, s2=8, s3=8, dtype=torch.bfloat16):
+    x = torch.randn(m, k, dtype=dtype)
+    w = torch.randn(d * (s1 + s2), k, dtype=dtype)
+    y = torch.randn(m, d, s3, dtype=dtype)
+    return x, w, d, s1, s2, y
+
+
+@pytest.mark.parametrize(
+    "mutate, argument",
+    [
+        (lambda a: {**a, "w": torch.randn(50, 32, dtype=torch.bfloat16)}, "w"),  # N != D·(S1+S2)
+        (lambda a: {**a, "w": torch.randn(48, 24, dtype=torch.bfloat16)}, "w"),  # K mismatch
+        (lambda a: {**a, "w": a["w"].half()}, "w"),  # dtype mismatch
+        (lambda a: {**a, "y": torch.randn(4, 3, 8, dtype=torch.bfloat16)}, "y"),  # D mismatch
+        (lambda a: {**a, "y": torch.randn(5, 2, 8, dtype=torch.bfloat16)}, "y"),  # M mismatch
+        (lambda a: {**a, "y": torch.randn(4, 16, dtype=torch.bfloat16)}, "y"),  # not 3-D
+        (lambda a: {**a, "y": a["y"].half()}, "y"),
+        (lambda a: {**a, "x": a["x"].float(), "w": a["w"].float(), "y": a["y"].float()}, "x"),
+        (lambda a: {**a, "x": a["x"][None]}, "x"),
+        (lambda a: {**a, "d": 0}, "d"),
+        (lambda a: {**a, "s1": -1, "s2": 25}, "s1"),
+    ],
+)
+def test_bad_inputs_name_the_argument(mutate, argument):
+    x, w, d, s1, s2, y = _inputs()
+    args = mutate({"x": x, "w": w, "d": d, "s1": s1, "s2": s2, "y": y})
+    with pytest.raises(ValueError, match=rf"^{argument}:"):
+        gemm_split_cat(args["x"], args["w"], args["d"], args["s1"], args["s2"], args["y"])
+
+
+def test_gemm_split_bad_inputs():
+    x, w, d, _, _, _ = _inputs()
+    with pytest.raises(ValueError, match=r"^w:"):
+        gemm_split(x, w, d, [16, 16])
+    with pytest.raises(ValueError, match=r"^sizes:"):
+        gemm_split(x, torch.randn(2 * 5, 32, dtype=x.dtype), d, [1, 1, 1, 1, 1])
+    with pytest.raises(ValueError, match=r"^config:"):
+        gemm_split(x, w, d, [16, 8], config={"BLOCK_Q": 16})
+    with pytest.raises(ValueError, match=r"^config:"):
+        gemm_split(x, w, d, [16, 8], config={"BLOCK_N": 24})
+
+
+def test_launch_table_covers_every_target():
+    table = launch_tables.load_table("gemm_split_cat")
+    for target in ("sm90", "gfx950", "gfx942", "cpu"):
+        for m in (1, 32, 128, 1024, 8192, 32768):
+            config = launch_tables.lookup("gemm_split_cat", target, m=m, n=4096, k=512)
+            assert sorted(config) == sorted(table["fields"])
+    for target in ("gfx950", "gfx942"):
+        assert table["targets"][target]["timed"] is False
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("m", [32, 1000])
+def test_deepseek_kv_b_on_gpu(m):
+    torch.manual_seed(m)
+    x = torch.randn(m, 512, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(16 * 256, 512, dtype=torch.bfloat16, device="cuda") / 16
+    y = make_y("expand", m, 16, 64, torch.bfloat16)
+    check_split_cat(x, w, 16, 128, 128, y)
