@@ -145,3 +145,11 @@ def test_public_ops_validate_arguments():
         fxfuse.ops.quant_mxfp4(torch.randn(4, 48))
     with pytest.raises(ValueError, match="residual"):
         fxfuse.ops.rms_norm(x, torch.ones(64), 1e-6, residual=torch.ones(2, 64))
+
+
+def test_all_reduce_without_a_process_group_is_a_copy():
+    x = torch.randn(4, 8)
+    out = fxfuse.ops.all_reduce(x)
+    assert torch.equal(out, x) and out.data_ptr() != x.data_ptr()
+    with pytest.raises(ValueError, match="x"):
+        fxfuse.ops.all_reduce([1.0])
