@@ -1,0 +1,614 @@
+"""FP8 GEMMs: A8W8 (`gemm_fp8`) and the prequant A16W8 (`gemm_a16w8`), fp32 accumulation.
+
+Math (exactly `gemm_ref.gemm_fp8_ref` up to fp32 summation order):
+    rowwise:    out[m, n] = (Σ_k q[m, k] · w[n, k]) · x_scale[m] · w_scale[n]
+    blockscale: out[m, n] = Σ_g (Σ_{k ∈ g} q[m, k] · w[n, k]) · x_scale[m, g] · w_scale[n // 128, g]
+    with g the 128-column groups of K; tensorwise scales broadcast (stride 0).
+A16W8: each program quantizes its bf16 activation tile in registers by the rule of
+`rms_norm_quant_ref.quant_fp8_ref` (per token, or 1×128 groups), bit for bit, then does the above.
+Per-token needs the row amax over all of K: either a first loop over K inside the GEMM (tiny M,
+where re-reading x per program is cheap) or a pre-pass kernel writing the (M,) scales.
+
+Layouts: q (M, K) and w (N, K) fp8 with any strides (read as bytes); x_scale (M, 1) / () / (1,)
+or (M, K/128) row- or column-major; w_scale (N,) / (N, 1) / () / (1,) or (ceil(N/128), K/128);
+out (M, N) contiguous in out_dtype.
+
+Tiling: (BLOCK_M, BLOCK_N) output tiles in GROUP_M-swizzled order for L2 reuse; w is read as a
+(BLOCK_K, BLOCK_N) view of its K-contiguous rows (the K-major B operand fp8 MMAs want). Split-K
+(skinny M, long K): program (tile, s) sums K-tiles [s·T, (s+1)·T); each writes its fp32 partial to
+a workspace and bumps the tile's counter; the last to arrive adds the SPLIT_K partials in split
+order (deterministic), applies the scales, stores, and resets the counter to 0 for the next launch.
+Loop trip counts are constexprs (K-tiles per split, chosen to divide the K-tiles evenly): Triton's
+interpreter cannot take a run-time `range` bound under numpy >= 2.4, and K is fixed per weight.
+
+Numerics: the FP8 products are exact and accumulate in fp32. The dot runs on the fp8 type where
+the target has it (e4m3fn: sm_89+, gfx950 and the interpreter; e4m3fnuz: gfx942); elsewhere the
+bytes are decoded exactly to bf16 (fp32 in the interpreter, whose bf16 dot is broken in triton 3.6).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from fxfuse.kernels import formats
+from fxfuse.kernels.gemm_ref import (
+    FP8_BLOCK,
+    OUT_DTYPES,
+    SCALE_BLOCK,
+    _check_devices,
+    _check_out_dtype,
+    _check_tensor,
+    _is_scalar_scale,
+    check_gemm_fp8_args,
+)
+from fxfuse.kernels.rms_norm_quant import (
+    _fp8_native,
+    _fp8_quant,
+    _fp8_scale,
+    _load_f32,
+    _round_to,
+    _store_as,
+)
+from fxfuse.runtime import launch_tables
+from fxfuse.runtime.target import TARGETS, detect_target, interpreting
+
+# fmt: off
+# (Kernel arguments stay grouped by role, as in the Triton tutorials.)
+
+A_FP8 = tl.constexpr(0)          # q is FP8 bytes
+A_ROW_PRESCALED = tl.constexpr(1)  # bf16 x, per-token scales from the pre-pass kernel
+A_ROW_AMAX = tl.constexpr(2)     # bf16 x, per-token amax in a first loop over K
+A_GROUP = tl.constexpr(3)        # bf16 x, 1×128 group scales from the tile itself
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers (shared with gemm_mxfp4)
+
+
+@triton.jit
+def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n, tile id) of program_id(0), GROUP_M row-tiles per swizzle group."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n, pid
+
+
+@triton.jit
+def _split_k_reduce(
+    acc, partial_ptr, lock_ptr, tile_id, pid_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    """Store this split's partial; the last split of the tile returns (Σ partials, True)."""
+    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tile_ptr = partial_ptr + tile_id.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+    tl.store(tile_ptr + pid_k * (BLOCK_M * BLOCK_N) + offs, acc)
+    # Every thread's store precedes the release by the one thread that bumps the counter.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(lock_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
+    is_last = arrived == SPLIT_K - 1
+    if is_last:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            # .cg: read L2, where the other programs' partials are, never a stale L1 line.
+            acc += tl.load(tile_ptr + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
+        tl.atomic_xchg(lock_ptr + tile_id, 0, sem="relaxed", scope="gpu")
+    return acc, is_last
+
+
+@triton.jit
+def _store_tile(
+    out_ptr, acc, offs_m, offs_n, M, N, stride_om, stride_on, EXACT_CASTS: tl.constexpr,
+):
+    OUT_DTYPE: tl.constexpr = out_ptr.dtype.element_ty
+    ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :] * stride_on
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    _store_as(ptrs, _round_to(acc, OUT_DTYPE, EXACT_CASTS), mask, EXACT_CASTS)
+
+
+@triton.jit
+def _fp8_decode(bits, FNUZ: tl.constexpr):
+    """fp32 value of e4m3fn / e4m3fnuz bytes, exactly (bf16 holds every one of them too)."""
+    b = bits.to(tl.int32)
+    BIAS: tl.constexpr = 8 if FNUZ else 7
+    exponent = (b >> 3) & 0xF
+    mantissa = b & 7
+    negative = (b & 0x80) != 0
+    normal = ((exponent + (127 - BIAS)) << 23) | (mantissa << 20)
+    magnitude = tl.where(
+        exponent == 0,
+        mantissa.to(tl.float32) * (2.0 ** (-2 - BIAS)),  # subnormals: m · 2^(1 - BIAS - 3)
+        normal.to(tl.float32, bitcast=True),
+    )
+    value = tl.where(negative, -magnitude, magnitude)
+    if FNUZ:
+        value = tl.where(b == 0x80, float("nan"), value)
+    else:
+        value = tl.where((b & 0x7F) == 0x7F, float("nan"), value)
+    return value
+
+
+@triton.jit
+def _fp8_operand(bits, DOT_DTYPE: tl.constexpr, FNUZ: tl.constexpr):
+    """FP8 bytes as a dot operand: bitcast to the fp8 type, or decoded to DOT_DTYPE."""
+    if DOT_DTYPE.is_fp8():
+        return bits.to(DOT_DTYPE, bitcast=True)
+    return _fp8_decode(bits, FNUZ).to(DOT_DTYPE)
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+
+
+@triton.jit
+def _row_scale_kernel(
+    x_ptr, scale_ptr, M, K, stride_xm, stride_xk, quant_eps,
+    FP8_MAX: tl.constexpr, EPS_ON_SCALE: tl.constexpr, EXACT_CASTS: tl.constexpr,
+    BLOCK_K: tl.constexpr, NUM_K_CHUNKS: tl.constexpr,
+):
+    """Per-token FP8 scale max(amax(row), eps) / FP8_MAX (fp32, correctly rounded), one row each."""
+    row = tl.program_id(0).to(tl.int64)
+    amax = tl.zeros((BLOCK_K,), tl.float32)
+    for i in range(NUM_K_CHUNKS):
+        offs_k = i * BLOCK_K + tl.arange(0, BLOCK_K)
+        x = _load_f32(x_ptr + row * stride_xm + offs_k * stride_xk, offs_k < K, EXACT_CASTS)
+        amax = tl.maximum(amax, tl.abs(x))
+    tl.store(scale_ptr + row, _fp8_scale(tl.max(amax, axis=0), quant_eps, FP8_MAX, EPS_ON_SCALE))
+
+
+# M varies per call: specializing on it (M == 1, M % 16) would only multiply compiles.
+@triton.jit(do_not_specialize=["M"])
+def _gemm_fp8_kernel(
+    # pointers
+    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr, partial_ptr, lock_ptr, q_out_ptr,
+    q_scale_out_ptr,
+    # sizes and scalars
+    M, N, K, quant_eps,
+    # strides, in elements (a, w: bytes when FP8)
+    stride_am, stride_ak, stride_wn, stride_wk, stride_asm, stride_ask, stride_wsn, stride_wsk,
+    stride_om, stride_on, stride_qm, stride_qsm, stride_qsk,
+    # switches
+    A_KIND: tl.constexpr, SCALE_BLOCKWISE: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    FP8_MAX: tl.constexpr, FP8_FNUZ: tl.constexpr, FP8_NATIVE: tl.constexpr,
+    EPS_ON_SCALE: tl.constexpr, APPLY_RECIPROCAL: tl.constexpr, WRITE_QUANT: tl.constexpr,
+    EVEN_K: tl.constexpr, EXACT_CASTS: tl.constexpr,
+    # meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr, NUM_K_TILES: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
+):
+    pid_m, pid_n, tile_id = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_rows = a_ptr + offs_m[:, None].to(tl.int64) * stride_am
+    w_cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn
+    k_tile_start = pid_k * TILES_PER_SPLIT
+    # Debug copies of the in-register quant (prequant only): the pid_n == 0 programs write them.
+    write_q = pid_n == 0
+
+    row_scale = tl.zeros((BLOCK_M,), tl.float32)
+    if A_KIND == A_ROW_PRESCALED:
+        row_scale = tl.load(a_scale_ptr + offs_m * stride_asm, mask=mask_m, other=1.0)
+    elif A_KIND == A_ROW_AMAX:
+        amax = tl.zeros((BLOCK_M,), tl.float32)
+        for kt in range(NUM_K_TILES):
+            offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+            x = _load_f32(
+                a_rows + offs_k[None, :] * stride_ak, mask_m[:, None] & (offs_k[None, :] < K),
+                EXACT_CASTS,
+            )
+            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+        row_scale = _fp8_scale(amax, quant_eps, FP8_MAX, EPS_ON_SCALE)
+        if WRITE_QUANT:
+            tl.store(q_scale_out_ptr + offs_m * stride_qsm, row_scale,
+                     mask=mask_m & write_q & (pid_k == 0))
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for i in range(TILES_PER_SPLIT):
+        kt = k_tile_start + i
+        offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            mask_a = mask_m[:, None]
+            mask_w = mask_n[None, :]
+        else:
+            mask_a = mask_m[:, None] & (offs_k[None, :] < K)
+            mask_w = mask_n[None, :] & (offs_k[:, None] < K)
+        w_bits = tl.load(w_cols + offs_k[:, None] * stride_wk, mask=mask_w, other=0)
+        a_ptrs = a_rows + offs_k[None, :] * stride_ak
+        if A_KIND == A_FP8:
+            a_bits = tl.load(a_ptrs, mask=mask_a, other=0)
+        else:
+            x = _load_f32(a_ptrs, mask_a, EXACT_CASTS)
+            if A_KIND == A_GROUP:
+                # BLOCK_K == 128: the tile row is exactly one quant group.
+                group_scale = _fp8_scale(
+                    tl.max(tl.abs(x), axis=1), quant_eps, FP8_MAX, EPS_ON_SCALE
+                )
+                a_bits = _fp8_quant(
+                    x, group_scale[:, None], FP8_MAX, FP8_FNUZ, FP8_NATIVE, APPLY_RECIPROCAL,
+                    EXACT_CASTS,
+                )
+                if WRITE_QUANT:
+                    tl.store(q_scale_out_ptr + offs_m * stride_qsm + kt * stride_qsk,
+                             group_scale, mask=mask_m & write_q)
+            else:
+                a_bits = _fp8_quant(
+                    x, row_scale[:, None], FP8_MAX, FP8_FNUZ, FP8_NATIVE, APPLY_RECIPROCAL,
+                    EXACT_CASTS,
+                )
+            if WRITE_QUANT:
+                tl.store(q_out_ptr + offs_m[:, None] * stride_qm + offs_k[None, :], a_bits,
+                         mask=mask_a & (offs_k[None, :] < K) & write_q)
+        a = _fp8_operand(a_bits, DOT_DTYPE, FP8_FNUZ)
+        w = _fp8_operand(w_bits, DOT_DTYPE, FP8_FNUZ)
+        if SCALE_BLOCKWISE:
+            # One 128-group per K-tile: scale the group's partial product before summing.
+            if A_KIND == A_GROUP:
+                a_s = group_scale
+            else:
+                a_s = tl.load(a_scale_ptr + offs_m * stride_asm + kt * stride_ask, mask=mask_m,
+                              other=0.0)
+            w_s = tl.load(w_scale_ptr + (offs_n // 128) * stride_wsn + kt * stride_wsk,
+                          mask=mask_n, other=0.0)
+            acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
+        else:
+            acc = tl.dot(a, w, acc)
+
+    is_last = True
+    if SPLIT_K > 1:
+        acc, is_last = _split_k_reduce(
+            acc, partial_ptr, lock_ptr, tile_id, pid_k, BLOCK_M, BLOCK_N, SPLIT_K
+        )
+    if is_last:
+        if not SCALE_BLOCKWISE:
+            if A_KIND == A_FP8:
+                row_scale = tl.load(a_scale_ptr + offs_m * stride_asm, mask=mask_m, other=0.0)
+            w_s = tl.load(w_scale_ptr + offs_n * stride_wsn, mask=mask_n, other=0.0)
+            acc = acc * row_scale[:, None] * w_s[None, :]
+        _store_tile(out_ptr, acc, offs_m, offs_n, M, N, stride_om, stride_on, EXACT_CASTS)
+
+
+# fmt: on
+# ---------------------------------------------------------------------------------------------
+# launcher
+
+KERNEL_NAME = "gemm_fp8"
+CONFIG_FIELDS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+ROW_AMAX_MODES = ("auto", "kernel", "prepass")
+# Per-token prequant: up to this many rows the GEMM finds the row amax itself (each program
+# re-reads its rows of x, cheap next to its weight slab); above it a pre-pass kernel does.
+ROW_AMAX_IN_KERNEL_MAX_M = 4
+_TL_FP8 = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e4m3fnuz: tl.float8e4b8}
+# Split-K counters: one zeroed int32 buffer per (device, stream), reset by the kernels themselves.
+_LOCKS: dict = {}
+_MIN_LOCKS = 4096
+
+
+def resolve_target(target: str | None, device: torch.device) -> str:
+    target = detect_target(device) if target is None else target
+    if target not in TARGETS:
+        raise ValueError(f"target: unknown {target!r}; expected one of {TARGETS}")
+    return target
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # host-side: triton.cdiv is a constexpr function, slow to call from Python
+
+
+@functools.lru_cache(maxsize=4096)
+def _table_config(kernel: str, target: str, m: int, n: int, k: int) -> dict:
+    return launch_tables.lookup(kernel, target, m=max(m, 1), n=n, k=k)
+
+
+def launch_config(kernel: str, target: str, m: int, n: int, k: int, config: dict | None) -> dict:
+    """The table's config for (m, n, k) on target, with `config`'s keys overriding it."""
+    resolved = dict(_table_config(kernel, target, m, n, k))
+    if not config:
+        return resolved  # validated on load
+    if config:
+        unknown = sorted(set(config) - set(CONFIG_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"config: unknown keys {unknown}; expected a subset of {CONFIG_FIELDS}"
+            )
+        resolved.update(config)
+    for key in CONFIG_FIELDS:
+        value = resolved[key]
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"config: {key} must be a positive int, got {value!r}")
+        if key.startswith("BLOCK_") and (value < 16 or value & (value - 1)):
+            raise ValueError(f"config: {key} must be a power of 2 >= 16, got {value!r}")
+    if resolved["num_warps"] not in launch_tables.NUM_WARPS:
+        raise ValueError(f"config: num_warps must be one of {launch_tables.NUM_WARPS}")
+    return resolved
+
+
+def split_k_plan(k: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """(effective SPLIT_K, K-tiles per split): the largest split count <= split_k that divides
+    the K-tiles evenly, so every split runs the same constexpr-bounded loop."""
+    k_tiles = max(1, _cdiv(k, block_k))
+    split = max(s for s in range(1, max(1, min(split_k, k_tiles)) + 1) if k_tiles % s == 0)
+    return split, k_tiles // split
+
+
+def split_k_buffers(device, tiles: int, split_k: int, block_m: int, block_n: int):
+    """(fp32 partials workspace, zeroed int32 counters) for a split-K launch (dummies if none)."""
+    if split_k == 1:
+        dummy = torch.empty(1, dtype=torch.int32, device=device)
+        return dummy, dummy
+    partials = torch.empty(tiles * split_k * block_m * block_n, dtype=torch.float32, device=device)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    locks = _LOCKS.get(key)
+    if locks is None or locks.numel() < tiles:
+        locks = torch.zeros(max(tiles, _MIN_LOCKS), dtype=torch.int32, device=device)
+        if capturing:
+            return partials, locks  # allocated inside a graph: never cached outside it
+        _LOCKS[key] = locks
+    return partials, locks
+
+
+@functools.lru_cache(maxsize=64)
+def dot_dtype(fp8_dtype: torch.dtype, device: torch.device, target: str):
+    """The tl dtype the FP8 tiles enter tl.dot as: native fp8 where supported, else decoded."""
+    if interpreting() or device.type != "cuda":
+        return tl.float8e4nv if fp8_dtype == torch.float8_e4m3fn else tl.float32
+    if torch.version.hip:
+        arch = torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+        native = torch.float8_e4m3fnuz if arch == "gfx942" else torch.float8_e4m3fn
+        return _TL_FP8[fp8_dtype] if fp8_dtype == native else tl.bfloat16
+    if fp8_dtype == torch.float8_e4m3fn and torch.cuda.get_device_capability(device) >= (8, 9):
+        return tl.float8e4nv
+    return tl.bfloat16
+
+
+_fp8_native_cached = functools.lru_cache(maxsize=64)(_fp8_native)
+
+
+def _scale_strides(s: torch.Tensor) -> tuple[int, int]:
+    """Strides (rows, groups) of a scale tensor; 0 where it broadcasts."""
+    if _is_scalar_scale(s):
+        return 0, 0
+    if s.dim() == 1:
+        return s.stride(0), 0
+    return s.stride(0), s.stride(1)
+
+
+def _launch(
+    a,
+    a_scale,
+    w,
+    w_scale,
+    out,
+    *,
+    a_kind,
+    blockwise,
+    fp8_dtype,
+    quant_eps=1e-10,
+    eps_on_scale=False,
+    apply_reciprocal=False,
+    q_out=None,
+    q_scale_out=None,
+    config,
+    target,
+):
+    m, k = a.shape
+    n = w.shape[0]
+    target = resolve_target(target, a.device)
+    cfg = launch_config(KERNEL_NAME, target, m, n, k, config)
+    if blockwise:
+        cfg["BLOCK_K"] = FP8_BLOCK  # one scale group per K-tile
+        # Each K-tile's product lives beside the accumulator: two fp32 tiles of registers.
+        cfg["BLOCK_N"] = min(cfg["BLOCK_N"], max(16, 128 * 128 // cfg["BLOCK_M"]))
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    split_k, tiles_per_split = split_k_plan(k, bk, cfg["SPLIT_K"])
+    tiles = _cdiv(m, bm) * _cdiv(n, bn)
+    partials, locks = split_k_buffers(a.device, tiles, split_k, bm, bn)
+    a_t = a.view(torch.uint8) if a.dtype in formats.FP8_DTYPES else a
+    q_t = out if q_out is None else q_out.view(torch.uint8)
+    qs_t = out if q_scale_out is None else q_scale_out
+    asm, ask = _scale_strides(a_scale)
+    wsn, wsk = _scale_strides(w_scale)
+    qsm, qsk = (0, 0) if q_scale_out is None else _scale_strides(q_scale_out)
+    _gemm_fp8_kernel[(tiles, split_k)](
+        a_t,
+        a_scale,
+        w.view(torch.uint8),
+        w_scale,
+        out,
+        partials,
+        locks,
+        q_t,
+        qs_t,
+        m,
+        n,
+        k,
+        float(quant_eps),
+        a_t.stride(0),
+        a_t.stride(1),
+        w.stride(0),
+        w.stride(1),
+        asm,
+        ask,
+        wsn,
+        wsk,
+        out.stride(0),
+        out.stride(1),
+        q_t.stride(0),
+        qsm,
+        qsk,
+        A_KIND=a_kind,
+        SCALE_BLOCKWISE=blockwise,
+        DOT_DTYPE=dot_dtype(fp8_dtype, a.device, target),
+        FP8_MAX=formats.fp8_max(fp8_dtype),
+        FP8_FNUZ=fp8_dtype == torch.float8_e4m3fnuz,
+        FP8_NATIVE=_fp8_native_cached(fp8_dtype, a.device),
+        EPS_ON_SCALE=bool(eps_on_scale),
+        APPLY_RECIPROCAL=bool(apply_reciprocal),
+        WRITE_QUANT=q_out is not None,
+        EVEN_K=k % bk == 0,
+        EXACT_CASTS=interpreting(),
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=cfg["GROUP_M"],
+        SPLIT_K=split_k,
+        NUM_K_TILES=_cdiv(k, bk),
+        TILES_PER_SPLIT=tiles_per_split,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+
+
+def _check_runnable(t: torch.Tensor, name: str) -> None:
+    if t.device.type == "cpu" and not interpreting():
+        raise ValueError(f"{name}: a CPU tensor needs Triton's interpreter (TRITON_INTERPRET=1)")
+
+
+def gemm_fp8(
+    q: torch.Tensor,
+    x_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+    *,
+    config: dict | None = None,
+    target: str | None = None,
+) -> torch.Tensor:
+    """A8W8 GEMM (q · x_scale) @ (w · w_scale)ᵀ → (M, N) out_dtype; see the module docstring."""
+    kind = check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype)
+    _check_runnable(q, "q")
+    m, n = q.shape[0], w.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=q.device)
+    if m and n:
+        _launch(
+            q,
+            x_scale,
+            w,
+            w_scale,
+            out,
+            a_kind=A_FP8,
+            blockwise=kind == SCALE_BLOCK,
+            fp8_dtype=q.dtype,
+            config=config,
+            target=target,
+        )
+    return out
+
+
+def gemm_a16w8(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    *,
+    group_size: int = 0,
+    quant_eps: float = 1e-10,
+    eps_on_scale: bool = False,
+    apply_reciprocal: bool = False,
+    out_dtype: torch.dtype = torch.bfloat16,
+    row_amax: str = "auto",
+    return_quant: bool = False,
+    config: dict | None = None,
+    target: str | None = None,
+):
+    """Prequant GEMM: quant_fp8_ref(x) (per token, or 1×128 with group_size=128) in registers,
+    then the FP8 GEMM with w (N, K) fp8 and its scales. Returns out, or (out, q, x_scale) with the
+    in-kernel quant's bytes and scales when return_quant (a debug / test aid)."""
+    _check_tensor("x", x, FLOAT_DTYPES, 2)
+    _check_tensor("w", w, formats.FP8_DTYPES, 2)
+    _check_tensor("w_scale", w_scale, (torch.float32,))
+    _check_out_dtype(out_dtype)
+    _check_runnable(x, "x")
+    if group_size not in (0, FP8_BLOCK):
+        raise ValueError(f"group_size: expected 0 (per token) or 128, got {group_size!r}")
+    if row_amax not in ROW_AMAX_MODES:
+        raise ValueError(f"row_amax: expected one of {ROW_AMAX_MODES}, got {row_amax!r}")
+    m, k = x.shape
+    fp8_dtype = w.dtype
+    fp8_max = formats.fp8_max(fp8_dtype)
+    if group_size and k % FP8_BLOCK:
+        raise ValueError(f"x: K must be a multiple of 128 for group_size=128, got {k}")
+    _check_devices({"x": x, "w": w, "w_scale": w_scale})
+    n = w.shape[0]
+    w_rowwise = _is_scalar_scale(w_scale) or tuple(w_scale.shape) in ((n,), (n, 1))
+    if w_rowwise == bool(group_size):
+        raise ValueError(
+            f"w_scale: shape {tuple(w_scale.shape)} does not pair with group_size={group_size} "
+            "(per token needs a per-channel / tensorwise w_scale, 128 a 128×128 blockscale)"
+        )
+    # Validate w and w_scale by the A8W8 rule on (meta) stand-ins of the quant's outputs.
+    num_scales = k // FP8_BLOCK if group_size else 1
+    check_gemm_fp8_args(
+        torch.empty((m, k), dtype=fp8_dtype, device="meta"),
+        torch.empty((m, num_scales), device="meta"),
+        w.to("meta"),
+        w_scale.to("meta"),
+        out_dtype,
+    )
+    x_scale_like = torch.empty((m, num_scales), dtype=torch.float32, device=x.device)
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    q_out = torch.empty((m, k), dtype=fp8_dtype, device=x.device) if return_quant else None
+    scale_out = torch.empty_like(x_scale_like) if return_quant else None
+    if group_size:
+        a_kind, a_scale = A_GROUP, x_scale_like  # unused by the kernel: scales come from tiles
+    elif row_amax == "kernel" or (row_amax == "auto" and m <= ROW_AMAX_IN_KERNEL_MAX_M):
+        a_kind, a_scale = A_ROW_AMAX, x_scale_like
+    else:
+        a_kind = A_ROW_PRESCALED
+        a_scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+        row_block = min(4096, 1 << (max(k, 16) - 1).bit_length())
+        if m:
+            _row_scale_kernel[(m,)](
+                x,
+                a_scale,
+                m,
+                k,
+                x.stride(0),
+                x.stride(1),
+                float(quant_eps),
+                FP8_MAX=fp8_max,
+                EPS_ON_SCALE=bool(eps_on_scale),
+                EXACT_CASTS=interpreting(),
+                BLOCK_K=row_block,
+                NUM_K_CHUNKS=_cdiv(k, row_block),
+                num_warps=4,
+            )
+        if scale_out is not None:
+            scale_out = a_scale
+    if m and n:
+        _launch(
+            x,
+            a_scale,
+            w,
+            w_scale,
+            out,
+            a_kind=a_kind,
+            blockwise=bool(group_size),
+            fp8_dtype=fp8_dtype,
+            quant_eps=quant_eps,
+            eps_on_scale=eps_on_scale,
+            apply_reciprocal=apply_reciprocal,
+            q_out=q_out,
+            q_scale_out=None if a_kind == A_ROW_PRESCALED else scale_out,
+            config=config,
+            target=target,
+        )
+    if return_quant:
+        return out, q_out, scale_out
+    return out
+
+
+__all__ = ["OUT_DTYPES", "gemm_a16w8", "gemm_fp8"]

@@ -1,0 +1,455 @@
+"""MXFP4 GEMMs: AFP4WFP4 (`gemm_mxfp4`) and the prequant A16WFP4 (`gemm_a16wfp4`).
+
+Math (exactly `gemm_ref.gemm_mxfp4_ref` up to fp32 summation order):
+    out[m, n] = Σ_k e2m1(q[m, k]) · 2^(xs[m, k/32] − 127) · e2m1(w[n, k]) · 2^(ws[n, k/32] − 127)
+A16WFP4: each program quantizes its activation tile in registers by the rule of
+`rms_norm_quant_ref.quant_mxfp4_ref` (e8m0 exponent from the amax bits, floor / even / ceil;
+elements nearest-even on the e2m1 grid), bit for bit, then does the above.
+
+Layouts (SPEC §2): q (M, K/2), w (N, K/2) uint8, byte = code[2i] | code[2i+1] << 4; x_scale
+(M, K/32), w_scale (N, K/32) e8m0 uint8 (255 = NaN); any strides. With preshuffled=True, w is
+`preshuffle_weight_fp4(w)` (N/16, K/2·16) and w_scale `preshuffle_scale_e8m0(w_scale)`; the kernel
+reads them in place through the inverse index maps (gfx950's layouts; identical results).
+
+Two inner products, chosen by the constexpr USE_DOT_SCALED:
+- `tl.dot_scaled(…, "e2m1", …)`: the scaled MFMA on gfx950; Triton emulates it elsewhere.
+- dequant: nibbles → e2m1 values × 2^(s − 127) in fp32 (exact), → bf16 (exact: 2 significant bits),
+  bf16 tl.dot with fp32 accumulation. The only path in the interpreter (no dot_scaled there; its
+  bf16 dot is broken in triton 3.6, so it dots the same exact values in fp32).
+Split-K and tiling as in gemm_fp8 (the same helpers).
+
+Numerics: every product is exact and sums in fp32. Edge: a value 6 · 2^(s − 127) above the fp32
+range (s ≥ 254 with a 6) is inf here, finite in an fp64 reference; bf16 subnormals (|v| < 2^-126)
+may flush on GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fxfuse.kernels import formats
+from fxfuse.kernels.gemm_fp8 import (
+    _cdiv,
+    _split_k_reduce,
+    _store_tile,
+    _tile_ids,
+    launch_config,
+    resolve_target,
+    split_k_buffers,
+    split_k_plan,
+)
+from fxfuse.kernels.gemm_ref import (
+    _check_devices,
+    _check_out_dtype,
+    _check_tensor,
+    _shape,
+    check_gemm_mxfp4_args,
+)
+from fxfuse.kernels.rms_norm_quant import _e2m1_code, _e8m0_exponent, _load_f32
+from fxfuse.runtime.target import interpreting
+
+# fmt: off
+# (Kernel arguments stay grouped by role, as in the Triton tutorials.)
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+@triton.jit
+def _e2m1_value(codes):
+    """fp32 value of 4-bit e2m1 codes (int32), exactly.
+
+    The 3 magnitude bits placed at fp32 bits 24..22 read as 2^(e−127)·(1 + m/2) (normal) or
+    m·2^−127 (e = 0, subnormal): the e2m1 value times 2^−126, for every code.
+    """
+    bits = ((codes & 7) << 22) | ((codes & 8) << 28)
+    return bits.to(tl.float32, bitcast=True) * (2.0 ** 126)
+
+
+@triton.jit
+def _e8m0_value(scale):
+    """fp32 2^(s − 127) of e8m0 bytes (s = 0 is the subnormal 2^−127; 255 is NaN)."""
+    s = scale.to(tl.int32)
+    bits = tl.where(s == 0, 0x400000, s << 23)
+    bits = tl.where(s == 255, 0x7FC00000, bits)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dequant_tile(packed, scale, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(ROWS, BLOCK_K/2) packed bytes, (ROWS, BLOCK_K/32) e8m0 bytes → fp32 (ROWS, BLOCK_K)."""
+    b = packed.to(tl.int32)
+    codes = tl.reshape(tl.join(b & 0xF, b >> 4), (ROWS, BLOCK_K // 32, 32))
+    factor = _e8m0_value(scale)
+    values = _e2m1_value(codes) * factor[:, :, None]
+    return tl.reshape(values, (ROWS, BLOCK_K))
+
+
+@triton.jit
+def _quant_tile(x, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, ROUNDING: tl.constexpr):
+    """quant_mxfp4_ref of an fp32 (ROWS, BLOCK_K) tile: (codes (ROWS, BLOCK_K / 32, 32) int32,
+    exponents (ROWS, BLOCK_K / 32) int32)."""
+    blocks = tl.reshape(x, (ROWS, BLOCK_K // 32, 32))
+    exponent = _e8m0_exponent(tl.max(tl.abs(blocks), axis=2), ROUNDING)
+    # 2^-e from its bits (exact); e = 127 needs the subnormal 2^-127.
+    factor = tl.where(exponent == 127, 0x400000, (127 - exponent) << 23)
+    codes = _e2m1_code(blocks * factor.to(tl.float32, bitcast=True)[:, :, None])
+    return codes, exponent
+
+
+@triton.jit
+def _pack_codes(codes, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    even, odd = tl.split(tl.reshape(codes, (ROWS, BLOCK_K // 2, 2)))
+    return (even | (odd << 4)).to(tl.uint8)
+
+
+# ---------------------------------------------------------------------------------------------
+# kernel
+
+
+# M varies per call: specializing on it (M == 1, M % 16) would only multiply compiles.
+@triton.jit(do_not_specialize=["M"])
+def _gemm_mxfp4_kernel(
+    # pointers
+    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr, partial_ptr, lock_ptr, q_out_ptr,
+    q_scale_out_ptr,
+    # sizes
+    M, N, K,
+    # strides (a, w: bytes of the packed rows; preshuffled w / w_scale: rows of the shuffled views)
+    stride_am, stride_ak, stride_asm, stride_ask, stride_wn, stride_wk, stride_wsn, stride_wsk,
+    stride_om, stride_on, stride_qm, stride_qsm,
+    # switches
+    A_BF16: tl.constexpr, ROUNDING: tl.constexpr, USE_DOT_SCALED: tl.constexpr,
+    PRESHUFFLED: tl.constexpr, WRITE_QUANT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    EXACT_CASTS: tl.constexpr,
+    # meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
+):
+    pid_m, pid_n, tile_id = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    rows_m = offs_m[:, None].to(tl.int64)
+    rows_n = offs_n[:, None].to(tl.int64)
+    write_q = pid_n == 0  # debug copies of the in-register quant come from the pid_n == 0 column
+    KB: tl.constexpr = BLOCK_K // 2
+    KS: tl.constexpr = BLOCK_K // 32
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for i in range(TILES_PER_SPLIT):
+        kt = pid_k * TILES_PER_SPLIT + i
+        offs_kb = kt * KB + tl.arange(0, KB)   # packed byte columns
+        offs_ks = kt * KS + tl.arange(0, KS)   # scale columns
+        mask_kb = offs_kb < K // 2
+        mask_ks = offs_ks < K // 32
+
+        # weights: (BLOCK_N, KB) bytes and (BLOCK_N, KS) scales
+        if PRESHUFFLED:
+            # (n, kb) sits at row n/16, column (kb/32)·512 + ((kb/16)%2)·256 + (n%16)·16 + kb%16.
+            n16 = offs_n[:, None]
+            kb = offs_kb[None, :]
+            w_ptrs = (w_ptr + (n16 // 16).to(tl.int64) * stride_wn
+                      + (kb // 32) * 512 + ((kb // 16) % 2) * 256 + (n16 % 16) * 16 + kb % 16)
+            # (r, c) sits at row r/32, column
+            # (c/8)·256 + (c%4)·64 + (r%16)·4 + ((c/4)%2)·2 + (r/16)%2.
+            ks = offs_ks[None, :]
+            ws_ptrs = (w_scale_ptr + (n16 // 32).to(tl.int64) * stride_wsn + (ks // 8) * 256
+                       + (ks % 4) * 64 + (n16 % 16) * 4 + ((ks // 4) % 2) * 2 + (n16 // 16) % 2)
+        else:
+            w_ptrs = w_ptr + rows_n * stride_wn + offs_kb[None, :] * stride_wk
+            ws_ptrs = w_scale_ptr + rows_n * stride_wsn + offs_ks[None, :] * stride_wsk
+        w_bytes = tl.load(w_ptrs, mask=mask_n[:, None] & mask_kb[None, :], other=0)
+        w_scale = tl.load(ws_ptrs, mask=mask_n[:, None] & mask_ks[None, :], other=127)
+
+        # activations: packed bytes + scales, or a bf16 tile quantized here
+        a_mask_ks = mask_m[:, None] & mask_ks[None, :]
+        if A_BF16:
+            offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+            x = _load_f32(a_ptr + rows_m * stride_am + offs_k[None, :] * stride_ak,
+                          mask_m[:, None] & (offs_k[None, :] < K), EXACT_CASTS)
+            codes, exponent = _quant_tile(x, BLOCK_M, BLOCK_K, ROUNDING)
+            a_scale = (exponent + 127).to(tl.uint8)
+            if USE_DOT_SCALED or WRITE_QUANT:
+                a_bytes = _pack_codes(codes, BLOCK_M, BLOCK_K)
+            if WRITE_QUANT:
+                tl.store(q_out_ptr + rows_m * stride_qm + offs_kb[None, :], a_bytes,
+                         mask=mask_m[:, None] & mask_kb[None, :] & write_q)
+                tl.store(q_scale_out_ptr + rows_m * stride_qsm + offs_ks[None, :], a_scale,
+                         mask=a_mask_ks & write_q)
+        else:
+            a_bytes = tl.load(a_ptr + rows_m * stride_am + offs_kb[None, :] * stride_ak,
+                              mask=mask_m[:, None] & mask_kb[None, :], other=0)
+            a_scale = tl.load(a_scale_ptr + rows_m * stride_asm + offs_ks[None, :] * stride_ask,
+                              mask=a_mask_ks, other=127)
+
+        if USE_DOT_SCALED:
+            acc = tl.dot_scaled(a_bytes, a_scale, "e2m1", tl.trans(w_bytes), w_scale, "e2m1",
+                                acc)
+        else:
+            if A_BF16:
+                a_values = _e2m1_value(codes) * _e8m0_value(a_scale)[:, :, None]
+                a = tl.reshape(a_values, (BLOCK_M, BLOCK_K)).to(DOT_DTYPE)
+            else:
+                a = _dequant_tile(a_bytes, a_scale, BLOCK_M, BLOCK_K).to(DOT_DTYPE)
+            w = _dequant_tile(w_bytes, w_scale, BLOCK_N, BLOCK_K).to(DOT_DTYPE)
+            acc = tl.dot(a, tl.trans(w), acc)
+
+    is_last = True
+    if SPLIT_K > 1:
+        acc, is_last = _split_k_reduce(
+            acc, partial_ptr, lock_ptr, tile_id, pid_k, BLOCK_M, BLOCK_N, SPLIT_K
+        )
+    if is_last:
+        _store_tile(out_ptr, acc, offs_m, offs_n, M, N, stride_om, stride_on, EXACT_CASTS)
+
+
+# fmt: on
+# ---------------------------------------------------------------------------------------------
+# launcher
+
+KERNEL_NAME = "gemm_mxfp4"
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Targets whose tensor cores take e2m1 × e8m0 directly (tl.dot_scaled); elsewhere the dequant
+# path, unless a caller asks for Triton's dot_scaled emulation.
+DOT_SCALED_TARGETS = ("gfx950",)
+
+
+def _use_dot_scaled(use_dot_scaled: bool | None, target: str) -> bool:
+    if interpreting():
+        if use_dot_scaled:
+            raise ValueError("use_dot_scaled: tl.dot_scaled does not run in Triton's interpreter")
+        return False
+    return target in DOT_SCALED_TARGETS if use_dot_scaled is None else bool(use_dot_scaled)
+
+
+def _check_preshuffled(w, w_scale, n: int, k: int) -> None:
+    """Shapes of preshuffle_weight_fp4(w) and preshuffle_scale_e8m0(w_scale) for (N, K)."""
+    if n % 16 or (k // 2) % 32:
+        raise ValueError(f"w: preshuffled weights need N % 16 == 0, K/2 % 32 == 0 (N {n}, K {k})")
+    if _shape(w) != (n // 16, k // 2 * 16) or not w.is_contiguous():
+        raise ValueError(f"w: expected a contiguous ({n // 16}, {k // 2 * 16}), got {_shape(w)}")
+    rows, cols = -(-n // 256) * 256, -(-(k // 32) // 8) * 8
+    if _shape(w_scale) != (rows // 32, cols * 32) or not w_scale.is_contiguous():
+        raise ValueError(
+            f"w_scale: expected a contiguous ({rows // 32}, {cols * 32}), got {_shape(w_scale)}"
+        )
+
+
+def _launch(
+    a,
+    a_scale,
+    w,
+    w_scale,
+    out,
+    n,
+    k,
+    *,
+    a_bf16,
+    rounding="even",
+    preshuffled,
+    use_dot_scaled,
+    q_out=None,
+    q_scale_out=None,
+    config,
+    target,
+):
+    m = a.shape[0]
+    target = resolve_target(target, a.device)
+    dot_scaled = _use_dot_scaled(use_dot_scaled, target)
+    cfg = launch_config(KERNEL_NAME, target, m, n, k, config)
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    if bk < 64:
+        raise ValueError(f"config: BLOCK_K must be >= 64 for MXFP4 (32 packed bytes), got {bk}")
+    split_k, tiles_per_split = split_k_plan(k, bk, cfg["SPLIT_K"])
+    tiles = _cdiv(m, bm) * _cdiv(n, bn)
+    partials, locks = split_k_buffers(a.device, tiles, split_k, bm, bn)
+    q_t = out if q_out is None else q_out
+    qs_t = out if q_scale_out is None else q_scale_out
+    # The interpreter's bf16 dot is broken (triton 3.6): dot the same exact values in fp32.
+    dot_dtype = tl.float32 if interpreting() else tl.bfloat16
+    _gemm_mxfp4_kernel[(tiles, split_k)](
+        a,
+        a_scale,
+        w,
+        w_scale,
+        out,
+        partials,
+        locks,
+        q_t,
+        qs_t,
+        m,
+        n,
+        k,
+        a.stride(0),
+        a.stride(1),
+        a_scale.stride(0),
+        a_scale.stride(1),
+        w.stride(0),
+        w.stride(1),
+        w_scale.stride(0),
+        w_scale.stride(1),
+        out.stride(0),
+        out.stride(1),
+        q_t.stride(0),
+        qs_t.stride(0),
+        A_BF16=a_bf16,
+        ROUNDING=formats.MXFP4_ROUNDINGS.index(rounding),
+        USE_DOT_SCALED=dot_scaled,
+        PRESHUFFLED=bool(preshuffled),
+        WRITE_QUANT=q_out is not None,
+        DOT_DTYPE=dot_dtype,
+        EXACT_CASTS=interpreting(),
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=cfg["GROUP_M"],
+        SPLIT_K=split_k,
+        TILES_PER_SPLIT=tiles_per_split,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+
+
+def _check_weights(w, w_scale, n_hint, k, preshuffled):
+    """(N) of the weights, validated against K; n_hint is N for preshuffled weights."""
+    if preshuffled:
+        if not isinstance(n_hint, int) or n_hint < 1:
+            raise ValueError(f"n: preshuffled weights need the output size N, got {n_hint!r}")
+        _check_tensor("w", w, (torch.uint8,), 2)
+        _check_tensor("w_scale", w_scale, (torch.uint8,), 2)
+        _check_preshuffled(w, w_scale, n_hint, k)
+        return n_hint
+    return w.shape[0]
+
+
+def _check_runnable(t: torch.Tensor, name: str) -> None:
+    if t.device.type == "cpu" and not interpreting():
+        raise ValueError(f"{name}: a CPU tensor needs Triton's interpreter (TRITON_INTERPRET=1)")
+
+
+def gemm_mxfp4(
+    q: torch.Tensor,
+    x_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+    *,
+    preshuffled: bool = False,
+    n: int | None = None,
+    use_dot_scaled: bool | None = None,
+    config: dict | None = None,
+    target: str | None = None,
+) -> torch.Tensor:
+    """AFP4WFP4 GEMM unpack(q, x_scale) @ unpack(w, w_scale)ᵀ → (M, N) out_dtype.
+
+    preshuffled: w / w_scale are gfx950's shuffled layouts (then `n` gives N).
+    use_dot_scaled: None picks by target (gfx950: tl.dot_scaled; else the dequant path)."""
+    if preshuffled:
+        for name, t in (("q", q), ("x_scale", x_scale)):
+            _check_tensor(name, t, (torch.uint8,), 2)
+        m, k = q.shape[0], 2 * q.shape[1]
+        if k % formats.MXFP4_BLOCK:
+            raise ValueError(f"q: K = 2 · q.shape[1] = {k} must be a multiple of 32 for MXFP4")
+        if _shape(x_scale) != (m, k // 32):
+            raise ValueError(
+                f"x_scale: expected (M, K/32) = ({m}, {k // 32}), got {_shape(x_scale)}"
+            )
+        _check_out_dtype(out_dtype)
+        _check_devices({"q": q, "x_scale": x_scale, "w": w, "w_scale": w_scale})
+        n = _check_weights(w, w_scale, n, k, True)
+    else:
+        check_gemm_mxfp4_args(q, x_scale, w, w_scale, out_dtype)
+        m, k, n = q.shape[0], 2 * q.shape[1], w.shape[0]
+    _check_runnable(q, "q")
+    out = torch.empty((m, n), dtype=out_dtype, device=q.device)
+    if m and n:
+        _launch(
+            q,
+            x_scale,
+            w,
+            w_scale,
+            out,
+            n,
+            k,
+            a_bf16=False,
+            preshuffled=preshuffled,
+            use_dot_scaled=use_dot_scaled,
+            config=config,
+            target=target,
+        )
+    return out
+
+
+def gemm_a16wfp4(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    *,
+    rounding: str = "even",
+    out_dtype: torch.dtype = torch.bfloat16,
+    preshuffled: bool = False,
+    n: int | None = None,
+    use_dot_scaled: bool | None = None,
+    return_quant: bool = False,
+    config: dict | None = None,
+    target: str | None = None,
+):
+    """Prequant GEMM: quant_mxfp4_ref(x, rounding) in registers, then the AFP4WFP4 GEMM.
+
+    Returns out, or (out, q, x_scale) with the in-kernel quant's bytes when return_quant."""
+    _check_tensor("x", x, FLOAT_DTYPES, 2)
+    _check_tensor("w", w, (torch.uint8,), 2)
+    _check_tensor("w_scale", w_scale, (torch.uint8,), 2)
+    formats.check_rounding(rounding)
+    _check_out_dtype(out_dtype)
+    _check_devices({"x": x, "w": w, "w_scale": w_scale})
+    _check_runnable(x, "x")
+    m, k = x.shape
+    if k % formats.MXFP4_BLOCK:
+        raise ValueError(f"x: K must be a multiple of 32 for MXFP4, got {k}")
+    if preshuffled:
+        n = _check_weights(w, w_scale, n, k, True)
+    else:
+        check_gemm_mxfp4_args(
+            torch.empty((m, k // 2), dtype=torch.uint8, device="meta"),
+            torch.empty((m, k // 32), dtype=torch.uint8, device="meta"),
+            w.to("meta"),
+            w_scale.to("meta"),
+            out_dtype,
+        )
+        n = w.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    q_out = torch.empty((m, k // 2), dtype=torch.uint8, device=x.device) if return_quant else None
+    scale_out = (
+        torch.empty((m, k // 32), dtype=torch.uint8, device=x.device) if return_quant else None
+    )
+    if m and n:
+        _launch(
+            x,
+            x,  # no activation scales to read: they come from the tile
+            w,
+            w_scale,
+            out,
+            n,
+            k,
+            a_bf16=True,
+            rounding=rounding,
+            preshuffled=preshuffled,
+            use_dot_scaled=use_dot_scaled,
+            q_out=q_out,
+            q_scale_out=scale_out,
+            config=config,
+            target=target,
+        )
+    if return_quant:
+        return out, q_out, scale_out
+    return out
+
+
+__all__ = ["DOT_SCALED_TARGETS", "gemm_a16wfp4", "gemm_mxfp4"]

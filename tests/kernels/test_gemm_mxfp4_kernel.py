@@ -1,0 +1,255 @@
+"""The MXFP4 GEMM kernels (AFP4WFP4 `gemm_mxfp4`, prequant A16WFP4 `gemm_a16wfp4`) against fp64
+references, and the gfx950 preshuffles.
+
+What is asserted (SPEC §5):
+- outputs ≤ 1e-2 relative against a float64 GEMM of the same quantized inputs (fp32 outputs 1e-5),
+  split-K on and off, odd K, NaN scales propagating like the reference;
+- the prequant kernel's in-register q and e8m0 scales equal `quant_mxfp4_ref`'s bit for bit for all
+  three roundings, and its output equals gemm_mxfp4 of those bytes;
+- preshuffle_weight_fp4 / preshuffle_scale_e8m0 match SPEC §2's view/permute spelling, invert
+  exactly, and the kernel gives the same result on the shuffled layouts;
+- bad inputs raise ValueError naming the argument.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fxfuse.kernels import formats
+from fxfuse.kernels.gemm_mxfp4 import gemm_a16wfp4, gemm_mxfp4
+from fxfuse.kernels.gemm_ref import (
+    gemm_a16wfp4_ref,
+    gemm_mxfp4_ref,
+    preshuffle_scale_e8m0,
+    preshuffle_weight_fp4,
+    unshuffle_scale_e8m0,
+    unshuffle_weight_fp4,
+)
+from fxfuse.kernels.rms_norm_quant_ref import quant_mxfp4_ref
+from fxfuse.runtime import launch_tables
+
+SMALL = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 2, "SPLIT_K": 1}
+TOL = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-5}
+
+
+def _rel(out, ref):
+    ref = ref.double()
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def _activations(m, k, seed=0, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.exp(torch.randn(m, k, generator=g))
+    return x.to(dtype)
+
+
+def _mx(rows, k, seed):
+    return quant_mxfp4_ref(_activations(rows, k, seed))
+
+
+def _check(out, q, x_scale, w, w_scale):
+    ref = gemm_mxfp4_ref(q, x_scale, w, w_scale, torch.float64, torch.float64)
+    assert out.shape == ref.shape
+    assert _rel(out, ref) <= TOL[out.dtype], _rel(out, ref)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 64, 256), (17, 48, 256), (33, 40, 96), (4, 64, 32)])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_matches_reference(m, n, k, out_dtype):
+    q, x_scale = _mx(m, k, 1)
+    w, w_scale = _mx(n, k, 2)
+    config = {**SMALL, "BLOCK_K": 64}
+    out = gemm_mxfp4(q, x_scale, w, w_scale, out_dtype, config=config)
+    assert out.dtype == out_dtype
+    _check(out, q, x_scale, w, w_scale)
+
+
+@pytest.mark.parametrize("split_k", [1, 2, 4])
+def test_split_k(split_k):
+    q, x_scale = _mx(9, 256, 3)
+    w, w_scale = _mx(64, 256, 4)
+    config = {**SMALL, "SPLIT_K": split_k}
+    out = gemm_mxfp4(q, x_scale, w, w_scale, torch.float32, config=config)
+    _check(out, q, x_scale, w, w_scale)
+    assert torch.equal(out, gemm_mxfp4(q, x_scale, w, w_scale, torch.float32, config=config))
+
+
+def test_default_config_and_strided_inputs():
+    q, x_scale = _mx(6, 512, 5)
+    w, w_scale = _mx(32, 512, 6)
+    q_strided = torch.cat([q, q], 1)[:, :256]
+    _check(gemm_mxfp4(q_strided, x_scale, w, w_scale), q_strided, x_scale, w, w_scale)
+
+
+def test_extreme_and_nan_scales():
+    q, x_scale = _mx(4, 128, 7)
+    w, w_scale = _mx(32, 128, 8)
+    x_scale[0, 0] = 0  # 2^-127: subnormal factors
+    x_scale[1, 1] = 200
+    w_scale[3, 2] = 255  # NaN: that output column is NaN in every row, as in the reference
+    out = gemm_mxfp4(q, x_scale, w, w_scale, torch.float32, config=SMALL)
+    ref = gemm_mxfp4_ref(q, x_scale, w, w_scale, torch.float32, torch.float64)
+    assert torch.equal(out.isnan(), ref.isnan()) and out[:, 3].isnan().all()
+    finite = ~ref.isnan()
+    assert _rel(out[finite], ref[finite]) <= 1e-5
+
+
+@pytest.mark.parametrize("rounding", formats.MXFP4_ROUNDINGS)
+@pytest.mark.parametrize("m,k", [(7, 256), (33, 96)])
+def test_prequant_matches_quant_then_gemm(rounding, m, k):
+    n = 48
+    x = _activations(m, k, seed=9)
+    x[2] = 0  # an all-zero row: exponent clamps to -127
+    w, w_scale = _mx(n, k, 10)
+    out, q, scale = gemm_a16wfp4(
+        x,
+        w,
+        w_scale,
+        rounding=rounding,
+        return_quant=True,
+        out_dtype=torch.float32,
+        config=SMALL,
+    )
+    ref_q, ref_scale = quant_mxfp4_ref(x, rounding)
+    assert torch.equal(q, ref_q)
+    assert torch.equal(scale, ref_scale)
+    a4w4 = gemm_mxfp4(ref_q, ref_scale, w, w_scale, torch.float32, config=SMALL)
+    torch.testing.assert_close(out, a4w4, rtol=1e-6, atol=1e-6)
+    ref = gemm_a16wfp4_ref(x, w, w_scale, rounding, torch.float64, torch.float64)
+    assert _rel(out, ref) <= 1e-5
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.float32])
+def test_prequant_input_dtypes_and_split_k(x_dtype):
+    x = _activations(3, 512, seed=11, dtype=x_dtype)
+    w, w_scale = _mx(64, 512, 12)
+    out = gemm_a16wfp4(x, w, w_scale, config={**SMALL, "SPLIT_K": 4})
+    ref = gemm_a16wfp4_ref(x, w, w_scale, "even", torch.float64, torch.float64)
+    assert _rel(out, ref) <= 1e-2
+
+
+# --- gfx950 preshuffled layouts ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,kb", [(16, 32), (48, 64), (64, 128)])
+def test_weight_shuffle_spelling_and_inverse(n, kb):
+    w = torch.randint(0, 256, (n, kb), dtype=torch.uint8)
+    shuffled = preshuffle_weight_fp4(w)
+    spec = w.view(n // 16, 16, kb // 32, 2, 16).permute(0, 2, 3, 1, 4).reshape(n // 16, kb * 16)
+    assert torch.equal(shuffled, spec)
+    assert torch.equal(unshuffle_weight_fp4(shuffled), w)
+
+
+@pytest.mark.parametrize("rows,cols", [(48, 3), (256, 8), (300, 20)])
+def test_scale_shuffle_spelling_and_inverse(rows, cols):
+    s = torch.randint(0, 256, (rows, cols), dtype=torch.uint8)
+    shuffled = preshuffle_scale_e8m0(s)
+    r, c = -(-rows // 256) * 256, -(-cols // 8) * 8
+    padded = torch.full((r, c), 127, dtype=torch.uint8)
+    padded[:rows, :cols] = s
+    spec = padded.view(r // 32, 2, 16, c // 8, 2, 4).permute(0, 3, 5, 2, 4, 1).reshape(r // 32, -1)
+    assert torch.equal(shuffled, spec)
+    assert torch.equal(unshuffle_scale_e8m0(shuffled, rows, cols), s)
+
+
+@pytest.mark.parametrize("n,k", [(64, 256), (48, 128)])
+def test_kernel_reads_preshuffled_weights(n, k):
+    q, x_scale = _mx(5, k, 13)
+    w, w_scale = _mx(n, k, 14)
+    plain = gemm_mxfp4(q, x_scale, w, w_scale, torch.float32, config=SMALL)
+    w_sh, s_sh = preshuffle_weight_fp4(w), preshuffle_scale_e8m0(w_scale)
+    shuffled = gemm_mxfp4(
+        q, x_scale, w_sh, s_sh, torch.float32, preshuffled=True, n=n, config=SMALL
+    )
+    assert torch.equal(plain, shuffled)
+    x = _activations(5, k, seed=15)
+    torch.testing.assert_close(
+        gemm_a16wfp4(x, w_sh, s_sh, preshuffled=True, n=n, config=SMALL),
+        gemm_a16wfp4(x, w, w_scale, config=SMALL),
+        rtol=0,
+        atol=0,
+    )
+
+
+# --- bad inputs ---------------------------------------------------------------------------------
+
+
+def _good():
+    q, x_scale = _mx(4, 256, 16)
+    w, w_scale = _mx(32, 256, 17)
+    return {"q": q, "x_scale": x_scale, "w": w, "w_scale": w_scale, "out_dtype": torch.bfloat16}
+
+
+@pytest.mark.parametrize(
+    "change,name",
+    [
+        (lambda a: {**a, "q": a["q"][:, :20], "x_scale": a["x_scale"][:, :1]}, "q"),  # K = 40
+        (lambda a: {**a, "q": a["q"].to(torch.int8)}, "q"),
+        (lambda a: {**a, "w": a["w"][:, :64]}, "w"),
+        (lambda a: {**a, "w": a["w"].float()}, "w"),
+        (lambda a: {**a, "w_scale": a["w_scale"][:, :4]}, "w_scale"),
+        (lambda a: {**a, "w_scale": a["w_scale"][:8]}, "w_scale"),
+        (lambda a: {**a, "x_scale": a["x_scale"][:, :4]}, "x_scale"),
+        (lambda a: {**a, "out_dtype": torch.uint8}, "out_dtype"),
+    ],
+)
+def test_bad_inputs_name_the_argument(change, name):
+    args = change(_good())
+    with pytest.raises(ValueError, match=rf"^{name}:"):
+        gemm_mxfp4(args["q"], args["x_scale"], args["w"], args["w_scale"], args["out_dtype"])
+
+
+def test_prequant_and_preshuffle_bad_inputs():
+    a = _good()
+    x = _activations(4, 256)
+    with pytest.raises(ValueError, match=r"^x: K must be a multiple of 32"):
+        gemm_a16wfp4(x[:, :48], a["w"], a["w_scale"])
+    with pytest.raises(ValueError, match=r"^rounding:"):
+        gemm_a16wfp4(x, a["w"], a["w_scale"], rounding="up")
+    with pytest.raises(ValueError, match=r"^w:"):
+        gemm_a16wfp4(x, a["w"][:, :64], a["w_scale"])
+    with pytest.raises(ValueError, match=r"^use_dot_scaled:"):
+        gemm_mxfp4(a["q"], a["x_scale"], a["w"], a["w_scale"], use_dot_scaled=True)
+    with pytest.raises(ValueError, match=r"^n:"):
+        gemm_mxfp4(a["q"], a["x_scale"], a["w"], a["w_scale"], preshuffled=True)
+    with pytest.raises(ValueError, match=r"^w:"):
+        gemm_mxfp4(a["q"], a["x_scale"], a["w"], a["w_scale"], preshuffled=True, n=32)
+    with pytest.raises(ValueError, match=r"^w_scale:"):
+        w_sh = preshuffle_weight_fp4(a["w"])
+        gemm_mxfp4(a["q"], a["x_scale"], w_sh, a["w_scale"], preshuffled=True, n=32)
+    with pytest.raises(ValueError, match=r"^config: BLOCK_K must be >= 64"):
+        gemm_mxfp4(a["q"], a["x_scale"], a["w"], a["w_scale"], config={"BLOCK_K": 32})
+
+
+@pytest.mark.parametrize("target", ["sm90", "gfx950", "gfx942"])
+def test_table_loads(target):
+    spec = launch_tables.load_table("gemm_mxfp4")["targets"][target]
+    assert spec["entries"][-1]["when"] == {}
+    for entry in spec["entries"]:
+        assert entry["config"]["BLOCK_K"] >= 64
+
+
+# --- GPU ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("m", [1, 32, 1024])
+@pytest.mark.parametrize("use_dot_scaled", [False, True])
+def test_gpu_deepseek_shape(m, use_dot_scaled):
+    n, k = 2112, 7168
+    q, x_scale = _mx(m, k, 18)
+    w, w_scale = _mx(n, k, 19)
+    out = gemm_mxfp4(
+        q.cuda(), x_scale.cuda(), w.cuda(), w_scale.cuda(), use_dot_scaled=use_dot_scaled
+    )
+    _check(out.cpu(), q, x_scale, w, w_scale)
+    x = _activations(m, k, seed=20).cuda()
+    pre, pre_q, pre_scale = gemm_a16wfp4(
+        x, w.cuda(), w_scale.cuda(), return_quant=True, use_dot_scaled=use_dot_scaled
+    )
+    ref_q, ref_scale = quant_mxfp4_ref(x.cpu())
+    assert torch.equal(pre_q.cpu(), ref_q) and torch.equal(pre_scale.cpu(), ref_scale)
+    ref = gemm_mxfp4_ref(ref_q, ref_scale, w, w_scale, torch.float64, torch.float64)
+    assert _rel(pre.cpu(), ref) <= 1e-2
