@@ -1,0 +1,831 @@
+"""Top-k → sparse-block builds (SPEC §3): exact per-row top-k, with the page-table transform,
+the MiniMax-M3 block table or the scatter into a mask fused into the write. Semantics: exactly
+`topk_ref` (the set, the tie rule, the padding); see its docstring.
+
+Keys. Every score becomes the order-preserving uint32 key of its fp32 value: sign bit flipped for
+positives, all bits flipped for negatives, NaN → key(-inf), -0.0 → +0.0. Key 0 means "no element"
+(the smallest real key, -inf's, is 0x007FFFFF); block-table forced blocks get 0xFFFFFFFE, above
++inf's 0xFF800000. Among equal keys the lower index wins.
+
+Per row, one program (a persistent grid walks the rows), in three phases:
+1. Stream. The row is read once, BLOCK elements at a time (the next chunk's load is issued before
+   the current one is processed). Elements with key >= `lo` are appended, in index order, to a
+   candidate buffer of CAP (key, index) pairs in a per-program scratch. `lo` is a lower bound of
+   the row's final k-th key, so nothing dropped could be selected. When a chunk would overflow
+   the buffer it is compacted first: radix passes (RADIX_BITS per pass, histograms over the
+   buffer) find a key edge with k <= #(keys >= edge) <= KEEP_MAX = CAP - BLOCK, the buffer keeps
+   those, and `lo` rises to the edge. If all 32 bits are resolved and too many keys still tie,
+   it keeps exactly k (the equal ones of lowest index: the buffer is in index order) and `lo`
+   becomes key + 1 — a later equal key has a higher index and can never win.
+2. Select. Radix select over the buffer, shrinking: each pass histograms the current set, takes
+   the pairs whose digit is above the k-th's straight to the output slots, keeps the k-th's bin
+   as the next set (ping-pong buffers). When the full 32-bit key still ties, the passes go on
+   over the index bits (lower index ranks higher), so the tie rule needs no ordering.
+3. Finish. The ≤ k selected pairs are loaded as one K_PAD tile, sorted when asked (bitonic:
+   (key desc, index asc) packed in a uint64, or by index for block tables), and the epilogue
+   writes every one of the k slots: indices / page ids, block ids + page ids + ctx length, or
+   the mask scatter (the mask row was filled with "masked" before phase 1).
+Few long rows: phases 1–2 run per segment of a row (STAGE_SEGMENT, one program per segment,
+exact top-k per segment into a pair area), then one program per row selects the top-k of the
+union (STAGE_MERGE). Ties stay exact: the merge breaks them by index bits.
+
+Layouts: scores (R, L) any strides; lengths / row_starts / row_to_batch / positions (R,) or
+(Q,) int32 / int64; page_table (B, P) int32 / int64, any strides. Outputs int32 (R, k), block
+pages (R, k·ppb), ctx (R,); masks (R, L·block_size) bool or float.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fxfuse.kernels import topk_ref
+from fxfuse.runtime import launch_tables
+from fxfuse.runtime.target import TARGETS, detect_target, interpreting
+
+# fmt: off
+# (Kernel arguments stay grouped by role, as in the Triton tutorials.)
+
+STAGE_ROW = tl.constexpr(0)        # whole rows: stream, select, epilogue
+STAGE_SEGMENT = tl.constexpr(1)    # split rows, pass 1: exact top-k per segment into the pair area
+STAGE_MERGE = tl.constexpr(2)      # split rows, pass 2: top-k of each row's segment results
+
+LEN_FULL = tl.constexpr(0)         # every row is L long
+LEN_ARRAY = tl.constexpr(1)        # lengths[r]
+LEN_POSITIONS = tl.constexpr(2)    # block tables: last eligible block = positions[q] >> LOG2_BLOCK
+
+EPI_INDICES = tl.constexpr(0)
+EPI_PAGES = tl.constexpr(1)
+EPI_BLOCKS = tl.constexpr(2)
+EPI_MASK = tl.constexpr(3)
+EPI_PAIRS = tl.constexpr(4)        # STAGE_SEGMENT's output
+
+SORT_NONE = tl.constexpr(0)
+SORT_VALUE = tl.constexpr(1)       # values descending, lower index first among equals
+SORT_INDEX = tl.constexpr(2)       # indices ascending (block tables)
+
+FORCED_KEY = tl.constexpr(0xFFFFFFFE)
+INDEX_MASK = tl.constexpr(0x7FFFFFFF)  # tie passes rank by INDEX_MASK - index: lower index higher
+INDEX_BITS = tl.constexpr(31)
+
+
+# ---------------------------------------------------------------------------------------------
+# keys, digits, bins
+
+
+@triton.jit
+def _ordered_key(x, valid):
+    """uint32 key of each score (0 where not valid); see the module docstring."""
+    if x.dtype == tl.bfloat16:
+        bits = x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16  # exact widening
+    else:
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+    magnitude = bits & 0x7FFFFFFF
+    bits = tl.where(magnitude > 0x7F800000, 0xFF800000, bits)  # NaN -> -inf
+    bits = tl.where(magnitude == 0, 0, bits)  # -0.0 -> +0.0
+    # `^ 0xFFFFFFFF`, not `~`: the interpreter cannot invert a uint32.
+    key = tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+    return tl.where(valid, key, 0)
+
+
+@triton.jit
+def _pick_bin(hist, need, NUM_BINS: tl.constexpr):
+    """The bin b holding the need-th largest element: (b, #above b, #in b); b = -1 if fewer."""
+    bins = tl.arange(0, NUM_BINS)
+    at_or_above = tl.cumsum(hist, 0, reverse=True)
+    b = tl.sum((at_or_above >= need).to(tl.int32), 0) - 1
+    in_bin = tl.sum(tl.where(bins == b, hist, 0), 0)
+    above = tl.sum(tl.where(bins == b, at_or_above, 0), 0) - in_bin
+    return b, above, in_bin
+
+
+@triton.jit
+def _append(keys_ptr, idx_ptr, base, count, key, idx, sel):
+    """Store the selected pairs at base + count + (their rank); returns the new count."""
+    sel32 = sel.to(tl.int32)
+    pos = base + count + tl.cumsum(sel32, 0) - 1
+    tl.store(keys_ptr + pos, key.to(tl.int32, bitcast=True), mask=sel)
+    tl.store(idx_ptr + pos, idx, mask=sel)
+    return count + tl.sum(sel32, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# phase 1: stream a row window into the candidate buffer
+
+
+@triton.jit
+def _compact(
+    keys_ptr, idx_ptr, src, dst, count, lo, k,
+    CAP: tl.constexpr, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
+):
+    """Shrink the buffer at src (count > KEEP_MAX pairs, index order) into dst; returns the new
+    count and the new lower bound."""
+    NUM_BINS: tl.constexpr = 1 << RADIX_BITS
+    KEEP_MAX: tl.constexpr = CAP - BLOCK
+    offs0 = tl.arange(0, BLOCK)
+    need = k
+    kept = count
+    s = 32
+    prefix = tl.full((), 0, tl.uint32)  # the top 32 - s bits of the k-th key
+    while (kept > KEEP_MAX) & (s > 0):
+        s_next = tl.maximum(s - RADIX_BITS, 0)
+        digit_mask = (1 << (s - s_next)) - 1  # bits [s_next, s) of a key
+        hist = tl.zeros((NUM_BINS,), tl.int32)
+        start = 0
+        while start < count:
+            offs = start + offs0
+            key = tl.load(keys_ptr + src + offs, mask=offs < count, other=0)
+            key = key.to(tl.uint32, bitcast=True)
+            match = (offs < count) & ((s >= 32) | ((key >> tl.minimum(s, 31)) == prefix))
+            digit = ((key >> s_next) & digit_mask).to(tl.int32)
+            hist += tl.histogram(digit, NUM_BINS, mask=match)
+            start += BLOCK
+        b, above, in_bin = _pick_bin(hist, need, NUM_BINS)
+        need -= above
+        kept = (k - need) + in_bin
+        prefix = (prefix << (s - s_next)) | b.to(tl.uint32)
+        s = s_next
+    # Still too many after all 32 bits: `prefix` is the k-th key and its ties keep the `need`
+    # of lowest index. Otherwise keep every key >= the edge.
+    exact = kept > KEEP_MAX
+    edge = tl.where(exact, prefix + 1, prefix << s)
+    tie = tl.where(exact, prefix, 0)  # no stored key is 0
+    take_ties = tl.where(exact, need, 0)
+    new_count = 0
+    ties_seen = 0
+    start = 0
+    while start < count:
+        offs = start + offs0
+        valid = offs < count
+        key = tl.load(keys_ptr + src + offs, mask=valid, other=0).to(tl.uint32, bitcast=True)
+        idx = tl.load(idx_ptr + src + offs, mask=valid, other=0)
+        is_tie = valid & (key == tie)
+        tie_rank = ties_seen + tl.cumsum(is_tie.to(tl.int32), 0) - 1
+        sel = valid & ((key >= edge) | (is_tie & (tie_rank < take_ties)))
+        new_count = _append(keys_ptr, idx_ptr, dst, new_count, key, idx, sel)
+        ties_seen += tl.sum(is_tie.to(tl.int32), 0)
+        start += BLOCK
+    return new_count, tl.maximum(lo, edge)
+
+
+@triton.jit
+def _stream(
+    scores_ptr, row_off, stride_sl, n, idx_base, keys_ptr, idx_ptr, buf0, buf1, k,
+    last, n_init, n_local,
+    FORCED: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
+):
+    """Candidates of scores[row_off + i·stride_sl], i < n (indices idx_base + i) into a buffer;
+    returns (count, its offset, the other buffer's offset)."""
+    offs0 = tl.arange(0, BLOCK)
+    count = 0
+    lo = tl.full((), 1, tl.uint32)  # every real key is >= 1
+    src = buf0
+    dst = buf1
+    x_next = tl.load(scores_ptr + row_off + offs0 * stride_sl, mask=offs0 < n, other=0.0)
+    start = 0
+    while start < n:
+        offs = start + offs0
+        valid = offs < n
+        x = x_next
+        # Issue the next chunk's load before this chunk's work: it overlaps it.
+        offs_next = offs + BLOCK
+        x_next = tl.load(
+            scores_ptr + row_off + offs_next * stride_sl, mask=offs_next < n, other=0.0
+        )
+        key = _ordered_key(x, valid)
+        idx = idx_base + offs
+        if FORCED:
+            forced = valid & ((idx < n_init) | (idx > last - n_local))
+            key = tl.where(forced, FORCED_KEY, key)
+        cand = key >= lo
+        n_cand = tl.sum(cand.to(tl.int32), 0)
+        if count + n_cand > CAP:
+            tl.debug_barrier()  # the buffer's stores by every thread land before it is read
+            count, lo = _compact(keys_ptr, idx_ptr, src, dst, count, lo, k, CAP, BLOCK, RADIX_BITS)
+            src, dst = dst, src
+            cand = key >= lo
+        count = _append(keys_ptr, idx_ptr, src, count, key, idx, cand)
+        start += BLOCK
+    return count, src, dst
+
+
+# ---------------------------------------------------------------------------------------------
+# phase 2: exact radix select
+
+
+@triton.jit
+def _select(
+    keys_ptr, idx_ptr, src, alt, out, m, k,
+    BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
+):
+    """Top-k of the m pairs at src (key 0 = absent) into slots out ..; returns how many (<= k).
+    src and alt (capacity >= m) are both overwritten."""
+    NUM_BINS: tl.constexpr = 1 << RADIX_BITS
+    offs0 = tl.arange(0, BLOCK)
+    need = k
+    n_out = 0
+    s = 32
+    by_index = 0  # 0: key bits, 1: (tie) index bits
+    cur = src
+    nxt = alt
+    active = m >= 0
+    while active:
+        tl.debug_barrier()  # the set was written by other threads
+        s_next = tl.maximum(s - RADIX_BITS, 0)
+        digit_mask = (1 << (s - s_next)) - 1  # bits [s_next, s) of the ranked value
+        hist = tl.zeros((NUM_BINS,), tl.int32)
+        if m > need:  # otherwise every present pair is taken: b stays -1
+            start = 0
+            while start < m:
+                offs = start + offs0
+                key = tl.load(keys_ptr + cur + offs, mask=offs < m, other=0)
+                key = key.to(tl.uint32, bitcast=True)
+                idx = tl.load(idx_ptr + cur + offs, mask=offs < m, other=0)
+                # Tie passes rank 0x7FFFFFFF - index (= index ^ 0x7FFFFFFF): lower index higher.
+                v = tl.where(by_index != 0, (idx ^ 0x7FFFFFFF).to(tl.uint32), key)
+                digit = ((v >> s_next) & digit_mask).to(tl.int32)
+                hist += tl.histogram(digit, NUM_BINS, mask=key != 0)
+                start += BLOCK
+        b, above, in_bin = _pick_bin(hist, need, NUM_BINS)
+        final = (b < 0) | (above + in_bin == need) | ((by_index != 0) & (s_next == 0))
+        kept = 0
+        start = 0
+        while start < m:
+            offs = start + offs0
+            key = tl.load(keys_ptr + cur + offs, mask=offs < m, other=0).to(tl.uint32, bitcast=True)
+            idx = tl.load(idx_ptr + cur + offs, mask=offs < m, other=0)
+            v = tl.where(by_index != 0, (idx ^ 0x7FFFFFFF).to(tl.uint32), key)
+            digit = ((v >> s_next) & digit_mask).to(tl.int32)
+            present = key != 0
+            take = present & ((digit > b) | (final & (digit == b)))
+            n_out = _append(keys_ptr, idx_ptr, out, n_out, key, idx, take)
+            kept = _append(keys_ptr, idx_ptr, nxt, kept, key, idx, present & (digit == b) & ~final)
+            start += BLOCK
+        need = k - n_out
+        m = kept
+        cur, nxt = nxt, cur
+        by_index = tl.where(s_next == 0, 1, by_index)
+        s = tl.where(s_next == 0, INDEX_BITS, s_next)
+        active = ~final
+    return n_out
+
+
+# ---------------------------------------------------------------------------------------------
+# phase 3: sort and epilogues
+
+
+@triton.jit
+def _finish(
+    keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, item, p, last,
+    out_ptr, pages_ptr, ctx_ptr, page_table_ptr, row_to_batch_ptr, pt_cols,
+    stride_or, stride_pr, stride_ptb, stride_ptp,
+    EPILOGUE: tl.constexpr, SORT: tl.constexpr, HAS_ROW_TO_BATCH: tl.constexpr,
+    LOG2_PAGE: tl.constexpr, LOG2_BLOCK: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr, MASK_REPEAT: tl.constexpr, K_PAD: tl.constexpr,
+):
+    tl.debug_barrier()  # the selected slots were written by other threads
+    offs = tl.arange(0, K_PAD)
+    valid = offs < n_sel
+    slot_ok = offs < k
+    key = tl.load(keys_ptr + out_slots + offs, mask=valid, other=0).to(tl.uint32, bitcast=True)
+    idx = tl.load(idx_ptr + out_slots + offs, mask=valid, other=0)
+    if SORT == SORT_VALUE:
+        # (key desc, index asc) as one uint64; absent slots pack to 0 and sort last.
+        low = (idx ^ 0x7FFFFFFF).to(tl.uint32).to(tl.uint64)
+        packed = tl.where(valid, (key.to(tl.uint64) << 32) | low, 0)
+        packed = tl.sort(packed, descending=True)
+        key = (packed >> 32).to(tl.uint32)
+        idx = ((packed & 0xFFFFFFFF).to(tl.uint32) ^ 0x7FFFFFFF).to(tl.int32)
+    elif SORT == SORT_INDEX:
+        idx = tl.sort(tl.where(valid, idx, INDEX_MASK))
+
+    out_row = out_ptr + row64 * stride_or
+    if EPILOGUE == EPI_INDICES:
+        tl.store(out_row + offs, tl.where(valid, idx, pad), mask=slot_ok)
+    elif EPILOGUE == EPI_PAGES:
+        batch = row64
+        if HAS_ROW_TO_BATCH:
+            batch = tl.load(row_to_batch_ptr + row).to(tl.int64)
+        page = idx >> LOG2_PAGE
+        ok = valid & (page < pt_cols)
+        phys = tl.load(
+            page_table_ptr + batch * stride_ptb + page * stride_ptp, mask=ok, other=0
+        ).to(tl.int32)
+        token = (phys << LOG2_PAGE) | (idx & ((1 << LOG2_PAGE) - 1))
+        tl.store(out_row + offs, tl.where(ok, token, -1), mask=slot_ok)
+    elif EPILOGUE == EPI_BLOCKS:
+        tl.store(out_row + offs, tl.where(valid, idx, -1), mask=slot_ok)
+        if PAGES_PER_BLOCK > 0:
+            PPB_PAD: tl.constexpr = triton.next_power_of_2(PAGES_PER_BLOCK)
+            j = tl.arange(0, PPB_PAD)[None, :]
+            head = row % NUM_KV_HEADS
+            page_ids = idx[:, None] * (PAGES_PER_BLOCK * NUM_KV_HEADS) + j * NUM_KV_HEADS + head
+            tl.store(
+                pages_ptr + row64 * stride_pr + offs[:, None] * PAGES_PER_BLOCK + j,
+                tl.where(valid[:, None], page_ids, -1),
+                mask=slot_ok[:, None] & (j < PAGES_PER_BLOCK),
+            )
+        # The tail block `last` holds p % block + 1 keys; every other kept block is full.
+        tail = tl.sum((valid & (idx == last)).to(tl.int32), 0)
+        block: tl.constexpr = 1 << LOG2_BLOCK
+        ctx = block * (n_sel - tail) + tail * ((p & (block - 1)) + 1)
+        tl.store(ctx_ptr + row, ctx)
+    elif EPILOGUE == EPI_MASK:
+        REPEAT_PAD: tl.constexpr = triton.next_power_of_2(MASK_REPEAT)
+        j = tl.arange(0, REPEAT_PAD)[None, :]
+        zero = tl.zeros((K_PAD, REPEAT_PAD), out_ptr.dtype.element_ty)
+        tl.store(
+            out_row + idx[:, None] * MASK_REPEAT + j, zero,
+            mask=valid[:, None] & (j < MASK_REPEAT),
+        )
+    elif EPILOGUE == EPI_PAIRS:
+        # STAGE_SEGMENT: k slots per (row, segment) at item·k of the pair area (offset 0).
+        tl.store(keys_ptr + item * k + offs, tl.where(valid, key, 0).to(tl.int32, bitcast=True),
+                 mask=slot_ok)
+        tl.store(idx_ptr + item * k + offs, idx, mask=slot_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# kernel
+
+
+@triton.jit(do_not_specialize=["num_rows", "length", "pt_cols", "seg_len"])
+def _topk_kernel(
+    # pointers
+    scores_ptr, lengths_ptr, starts_ptr, positions_ptr, row_to_batch_ptr, page_table_ptr,
+    out_ptr, pages_ptr, ctx_ptr, keys_ptr, idx_ptr,
+    # sizes and scalars
+    num_rows, length, k, pad, n_init, n_local, pt_cols, num_segments, seg_len, region_base,
+    # strides, in elements
+    stride_sr, stride_sl, stride_or, stride_pr, stride_ptb, stride_ptp,
+    # switches
+    STAGE: tl.constexpr, LENGTHS: tl.constexpr, HAS_STARTS: tl.constexpr,
+    HAS_ROW_TO_BATCH: tl.constexpr, EPILOGUE: tl.constexpr, SORT: tl.constexpr,
+    LOG2_PAGE: tl.constexpr, LOG2_BLOCK: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr, MASK_REPEAT: tl.constexpr, MASK_FILL: tl.constexpr,
+    # meta-parameters
+    BLOCK: tl.constexpr, CAP: tl.constexpr, K_PAD: tl.constexpr, RADIX_BITS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    # Per-program scratch: two candidate buffers and the selected slots.
+    base = region_base + pid * (2 * CAP + K_PAD)
+    buf0 = base
+    buf1 = base + CAP
+    out_slots = base + 2 * CAP
+    num_items = num_rows
+    if STAGE == STAGE_SEGMENT:
+        num_items = num_rows * num_segments
+    item = pid
+    while item < num_items:
+        row = item
+        if STAGE == STAGE_SEGMENT:
+            row = item // num_segments
+        row64 = row.to(tl.int64)
+        # The row's window [start, start + n) of the scores.
+        n = length
+        p = 0
+        last = 0
+        if LENGTHS == LEN_ARRAY:
+            n = tl.load(lengths_ptr + row).to(tl.int32)
+        elif LENGTHS == LEN_POSITIONS:
+            p = tl.load(positions_ptr + row // NUM_KV_HEADS).to(tl.int32)
+            last = p >> LOG2_BLOCK  # arithmetic shift: floor, also for p < 0
+            n = last + 1
+        start = 0
+        if HAS_STARTS:
+            start = tl.minimum(tl.maximum(tl.load(starts_ptr + row).to(tl.int32), 0), length)
+        n = tl.minimum(tl.maximum(n, 0), length - start)
+
+        if EPILOGUE == EPI_MASK:
+            # Everything masked first; the selected columns are cleared in _finish.
+            width = length * MASK_REPEAT
+            masked = tl.full((BLOCK,), MASK_FILL, out_ptr.dtype.element_ty)
+            c = 0
+            while c < width:
+                cols = c + tl.arange(0, BLOCK)
+                tl.store(out_ptr + row64 * stride_or + cols, masked, mask=cols < width)
+                c += BLOCK
+
+        if STAGE == STAGE_MERGE:
+            # The row's segment results: num_segments · k pairs (key 0 = absent).
+            n_sel = _select(
+                keys_ptr, idx_ptr, row * num_segments * k, buf0, out_slots,
+                num_segments * k, k, BLOCK, RADIX_BITS,
+            )
+        else:
+            idx_base = 0
+            if STAGE == STAGE_SEGMENT:
+                idx_base = (item % num_segments) * seg_len
+                n = tl.minimum(tl.maximum(n - idx_base, 0), seg_len)
+            row_off = row64 * stride_sr + tl.cast(start + idx_base, tl.int64) * stride_sl
+            count, src, dst = _stream(
+                scores_ptr, row_off, stride_sl, n, idx_base, keys_ptr, idx_ptr, buf0, buf1, k,
+                last, n_init, n_local,
+                LENGTHS == LEN_POSITIONS, CAP, BLOCK, RADIX_BITS,
+            )
+            n_sel = _select(keys_ptr, idx_ptr, src, dst, out_slots, count, k, BLOCK, RADIX_BITS)
+        _finish(
+            keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, item, p, last,
+            out_ptr, pages_ptr, ctx_ptr, page_table_ptr, row_to_batch_ptr, pt_cols,
+            stride_or, stride_pr, stride_ptb, stride_ptp,
+            EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, LOG2_BLOCK, PAGES_PER_BLOCK,
+            NUM_KV_HEADS, MASK_REPEAT, K_PAD,
+        )
+        item += num_programs
+
+
+# fmt: on
+# ---------------------------------------------------------------------------------------------
+# launchers
+
+KERNEL_NAME = "topk"
+CONFIG_FIELDS = ("BLOCK", "RADIX_BITS", "PROGRAMS_PER_SM", "num_warps")
+# Not in the table: chosen per call (SEGMENTS > 1 splits each row over that many programs).
+OVERRIDE_FIELDS = (*CONFIG_FIELDS, "SEGMENTS")
+MAX_K = 2048
+INDEX_DTYPES = (torch.int32, torch.int64)
+MASK_KINDS = ("bool", "additive")
+# The interpreter runs programs one after another: a small persistent grid suffices.
+CPU_PROGRAMS = 2
+
+
+def _use_reference(device: torch.device) -> bool:
+    """A CPU tensor without Triton's interpreter runs the torch reference (SPEC §4)."""
+    return device.type == "cpu" and not interpreting()
+
+
+def _check_scores(name: str, scores) -> None:
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 2:
+        raise ValueError(
+            f"{name}: expected a 2-D (R, L) tensor, got {getattr(scores, 'shape', type(scores))}"
+        )
+    if scores.dtype not in topk_ref.FLOAT_DTYPES:
+        raise ValueError(
+            f"{name}: dtype must be one of {topk_ref.FLOAT_DTYPES}, got {scores.dtype}"
+        )
+
+
+def _check_k(k) -> None:
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
+        raise ValueError(f"k: expected an int in [1, {MAX_K}], got {k!r}")
+
+
+def _check_rows(name: str, t, num_rows: int, device: torch.device) -> None:
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != num_rows:
+        shape = tuple(getattr(t, "shape", ()))
+        raise ValueError(f"{name}: expected a 1-D tensor of {num_rows} entries, got {shape}")
+    if t.dtype not in INDEX_DTYPES or t.device != device:
+        raise ValueError(f"{name}: expected int32 / int64 on {device}, got {t.dtype} on {t.device}")
+
+
+def _check_power_of_two(name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1 or value & (value - 1):
+        raise ValueError(f"{name}: expected a power of 2, got {value!r}")
+    return value.bit_length() - 1
+
+
+def _launch_config(target, device, rows, length, k, config) -> dict:
+    target = detect_target(device) if target is None else target
+    if target not in TARGETS:
+        raise ValueError(f"target: unknown {target!r}; expected one of {TARGETS}")
+    resolved = launch_tables.lookup(KERNEL_NAME, target, rows=rows, length=length, topk=k)
+    resolved["SEGMENTS"] = 0  # 0: decided by _num_segments
+    if config:
+        unknown = sorted(set(config) - set(OVERRIDE_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"config: unknown keys {unknown}; expected a subset of {OVERRIDE_FIELDS}"
+            )
+        resolved.update(config)
+    block, radix, per_sm, warps, segments = (resolved[f] for f in OVERRIDE_FIELDS)
+    if not isinstance(block, int) or block < 16 or block & (block - 1):
+        raise ValueError(f"config: BLOCK must be a power of 2 >= 16, got {block!r}")
+    if radix not in (4, 5, 6, 7, 8):
+        raise ValueError(f"config: RADIX_BITS must be in 4..8, got {radix!r}")
+    if not isinstance(per_sm, int) or per_sm < 1:
+        raise ValueError(f"config: PROGRAMS_PER_SM must be a positive int, got {per_sm!r}")
+    if warps not in launch_tables.NUM_WARPS:
+        raise ValueError(
+            f"config: num_warps must be one of {launch_tables.NUM_WARPS}, got {warps!r}"
+        )
+    if not isinstance(segments, int) or segments < 0:
+        raise ValueError(f"config: SEGMENTS must be a non-negative int, got {segments!r}")
+    return resolved
+
+
+def _num_programs(device: torch.device, per_sm: int) -> int:
+    if device.type != "cuda":
+        return CPU_PROGRAMS
+    return torch.cuda.get_device_properties(device).multi_processor_count * per_sm
+
+
+def _num_segments(cfg, rows, length, k_pad, slots, splittable) -> int:
+    """Split rows over programs when there are too few rows to fill the GPU."""
+    if cfg["SEGMENTS"]:
+        return min(cfg["SEGMENTS"], max(1, length)) if splittable else 1
+    if not splittable or 2 * rows >= slots:
+        return 1
+    # A segment should be a few times k long, or the merge reads nearly as much as the row.
+    min_seg = max(4 * k_pad, 2 * cfg["BLOCK"])
+    return max(1, min(length // min_seg, triton.cdiv(slots, rows)))
+
+
+def _launch(
+    scores, k, out, *, epilogue, sort, lengths=None, row_starts=None, positions=None,
+    pad=-1, page_table=None, page_size=1, row_to_batch=None, block_size=128, n_init=0,
+    n_local=0, pages_per_block=0, num_kv_heads=1, pages=None, ctx=None, mask_repeat=1,
+    mask_fill=1,
+    config=None, target=None,
+):  # fmt: skip
+    rows, length = scores.shape
+    device = scores.device
+    cfg = _launch_config(target, device, rows, length, k, config)
+    block, radix, per_sm, warps = (cfg[f] for f in CONFIG_FIELDS)
+    k_pad = triton.next_power_of_2(k)
+    # The buffer keeps up to CAP - BLOCK pairs after a compaction, so a whole chunk always fits.
+    cap = 2 * block + k_pad
+    slots = _num_programs(device, per_sm)
+    segments = _num_segments(cfg, rows, length, k_pad, slots, positions is None)
+    seg_len = triton.cdiv(length, segments)
+    pair_area = rows * segments * k if segments > 1 else 0
+    merge_cap = segments * k
+    grid_stream = min(rows * segments, slots)
+    grid_merge = min(rows, slots) if segments > 1 else 0
+    scratch = pair_area + max(grid_stream * (2 * cap + k_pad), grid_merge * (2 * merge_cap + k_pad))
+    keys = torch.empty(scratch, dtype=torch.int32, device=device)
+    idx = torch.empty(scratch, dtype=torch.int32, device=device)
+
+    dummy = out  # unused pointers: the constexpr switches never touch them
+    lengths_mode = 0 if lengths is None else 1
+    if positions is not None:
+        lengths_mode = 2
+    page_strides = (0, 0) if page_table is None else page_table.stride()
+    common = {
+        "LENGTHS": lengths_mode,
+        "HAS_STARTS": row_starts is not None,
+        "HAS_ROW_TO_BATCH": row_to_batch is not None,
+        "LOG2_PAGE": page_size.bit_length() - 1,
+        "LOG2_BLOCK": block_size.bit_length() - 1,
+        "PAGES_PER_BLOCK": pages_per_block,
+        "NUM_KV_HEADS": num_kv_heads,
+        "MASK_REPEAT": mask_repeat,
+        "MASK_FILL": mask_fill,
+        "BLOCK": block,
+        "K_PAD": k_pad,
+        "RADIX_BITS": radix,
+        "num_warps": warps,
+    }
+
+    def run(grid, stage, epi, srt, cap_, region_base):
+        _topk_kernel[(grid,)](
+            scores,
+            dummy if lengths is None else lengths,
+            dummy if row_starts is None else row_starts,
+            dummy if positions is None else positions,
+            dummy if row_to_batch is None else row_to_batch,
+            dummy if page_table is None else page_table,
+            out,
+            dummy if pages is None else pages,
+            dummy if ctx is None else ctx,
+            keys,
+            idx,
+            rows,
+            length,
+            k,
+            pad,
+            n_init,
+            n_local,
+            0 if page_table is None else page_table.shape[1],
+            segments,
+            seg_len,
+            region_base,
+            scores.stride(0),
+            scores.stride(1),
+            out.stride(0),
+            0 if pages is None else pages.stride(0),
+            page_strides[0],
+            page_strides[1],
+            STAGE=stage,
+            EPILOGUE=epi,
+            SORT=srt,
+            CAP=cap_,
+            **common,
+        )
+
+    if segments == 1:
+        run(grid_stream, STAGE_ROW.value, epilogue, sort, cap, 0)
+    else:
+        run(grid_stream, STAGE_SEGMENT.value, EPI_PAIRS.value, SORT_NONE.value, cap, pair_area)
+        run(grid_merge, STAGE_MERGE.value, epilogue, sort, merge_cap, pair_area)
+
+
+def topk_indices(
+    scores: torch.Tensor,
+    k: int,
+    lengths: torch.Tensor | None = None,
+    row_starts: torch.Tensor | None = None,
+    sorted: bool = False,
+    pad: int = -1,
+    *,
+    config: dict | None = None,
+    target: str | None = None,
+) -> torch.Tensor:
+    """Per-row top-k row-local indices, int32 (R, k), front-packed, `pad` elsewhere
+    (`topk_ref.topk_indices_ref`; unsorted order unspecified)."""
+    _check_scores("scores", scores)
+    _check_k(k)
+    rows = scores.shape[0]
+    _check_rows("lengths", lengths, rows, scores.device)
+    _check_rows("row_starts", row_starts, rows, scores.device)
+    if not isinstance(pad, int) or not -(2**31) <= pad < 2**31:
+        raise ValueError(f"pad: expected an int32 value, got {pad!r}")
+    if _use_reference(scores.device):
+        return topk_ref.topk_indices_ref(scores, k, lengths, row_starts, sorted, pad)
+    out = torch.empty((rows, k), dtype=torch.int32, device=scores.device)
+    if rows:
+        _launch(
+            scores, k, out, epilogue=EPI_INDICES.value,
+            sort=SORT_VALUE.value if sorted else SORT_NONE.value,
+            lengths=lengths, row_starts=row_starts, pad=pad, config=config, target=target,
+        )  # fmt: skip
+    return out
+
+
+def topk_page_transform(
+    scores: torch.Tensor,
+    k: int,
+    lengths: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+    row_starts: torch.Tensor | None = None,
+    row_to_batch: torch.Tensor | None = None,
+    sorted: bool = False,
+    *,
+    config: dict | None = None,
+    target: str | None = None,
+) -> torch.Tensor:
+    """Top-k per row, indices mapped through the page table (DeepSeek-V3.2 / GLM-5 DSA):
+    out = pt[b, i >> log2(ps)] << log2(ps) | (i & (ps - 1)), padding -1
+    (`topk_ref.topk_page_transform_ref`)."""
+    _check_scores("scores", scores)
+    _check_k(k)
+    rows = scores.shape[0]
+    if lengths is None:
+        raise ValueError("lengths: required for the page transform, got None")
+    _check_rows("lengths", lengths, rows, scores.device)
+    _check_rows("row_starts", row_starts, rows, scores.device)
+    _check_rows("row_to_batch", row_to_batch, rows, scores.device)
+    _check_power_of_two("page_size", page_size)
+    if (
+        not isinstance(page_table, torch.Tensor)
+        or page_table.dim() != 2
+        or page_table.dtype not in INDEX_DTYPES
+        or page_table.device != scores.device
+    ):
+        raise ValueError(
+            f"page_table: expected a 2-D int32 / int64 tensor on {scores.device}, got "
+            f"{tuple(getattr(page_table, 'shape', ()))} {getattr(page_table, 'dtype', None)}"
+        )
+    if row_to_batch is None and page_table.shape[0] < rows:
+        raise ValueError(
+            f"page_table: needs a row per score row ({rows}) without row_to_batch, "
+            f"got {page_table.shape[0]}"
+        )
+    if _use_reference(scores.device):
+        return topk_ref.topk_page_transform_ref(
+            scores, k, lengths, page_table, page_size, row_starts, row_to_batch, sorted
+        )
+    out = torch.empty((rows, k), dtype=torch.int32, device=scores.device)
+    if rows:
+        _launch(
+            scores, k, out, epilogue=EPI_PAGES.value,
+            sort=SORT_VALUE.value if sorted else SORT_NONE.value,
+            lengths=lengths, row_starts=row_starts, page_table=page_table, page_size=page_size,
+            row_to_batch=row_to_batch, config=config, target=target,
+        )  # fmt: skip
+    return out
+
+
+def topk_block_table(
+    block_scores: torch.Tensor,
+    k: int,
+    positions: torch.Tensor,
+    block_size: int = 128,
+    n_init: int = 1,
+    n_local: int = 1,
+    pages_per_block: int | None = None,
+    num_kv_heads: int = 1,
+    *,
+    config: dict | None = None,
+    target: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """MiniMax-M3 block table: (blocks (..., k), pages (..., k·ppb) or None, ctx_lens (...,)),
+    `...` = block_scores.shape[:-1] (`topk_ref.topk_block_table_ref` has the contract)."""
+    if not isinstance(block_scores, torch.Tensor) or block_scores.dim() not in (2, 3):
+        raise ValueError(
+            "block_scores: expected (R, NB) or (Q, Hkv, NB), got "
+            f"{getattr(block_scores, 'shape', type(block_scores))}"
+        )
+    if block_scores.dim() == 3:
+        if num_kv_heads not in (1, block_scores.shape[1]):
+            raise ValueError(
+                f"num_kv_heads: {num_kv_heads} disagrees with block_scores' head dim "
+                f"{block_scores.shape[1]}"
+            )
+        num_kv_heads = block_scores.shape[1]
+    lead = block_scores.shape[:-1]
+    scores = block_scores.reshape(-1, block_scores.shape[-1])
+    _check_scores("block_scores", scores)
+    _check_k(k)
+    if not isinstance(num_kv_heads, int) or num_kv_heads < 1 or scores.shape[0] % num_kv_heads:
+        raise ValueError(
+            f"num_kv_heads: expected a divisor of {scores.shape[0]} rows, got {num_kv_heads!r}"
+        )
+    _check_rows("positions", positions, scores.shape[0] // num_kv_heads, scores.device)
+    _check_power_of_two("block_size", block_size)
+    for name, value in (("n_init", n_init), ("n_local", n_local)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}: expected a non-negative int, got {value!r}")
+    if n_init + n_local > k:
+        raise ValueError(f"n_init: n_init + n_local = {n_init + n_local} must not exceed k = {k}")
+    if pages_per_block is not None and (
+        not isinstance(pages_per_block, int) or not 1 <= pages_per_block <= block_size
+    ):
+        raise ValueError(
+            f"pages_per_block: expected None or an int in [1, {block_size}], got {pages_per_block!r}"
+        )
+    if _use_reference(scores.device):
+        blocks, pages, ctx = topk_ref.topk_block_table_ref(
+            scores, k, positions, block_size, n_init, n_local, pages_per_block, num_kv_heads
+        )
+    else:
+        rows = scores.shape[0]
+        blocks = torch.empty((rows, k), dtype=torch.int32, device=scores.device)
+        ctx = torch.empty((rows,), dtype=torch.int32, device=scores.device)
+        pages = None
+        if pages_per_block is not None:
+            pages = torch.empty(
+                (rows, k * pages_per_block), dtype=torch.int32, device=scores.device
+            )
+        if rows:
+            _launch(
+                scores, k, blocks, epilogue=EPI_BLOCKS.value, sort=SORT_INDEX.value,
+                positions=positions, block_size=block_size, n_init=n_init, n_local=n_local,
+                pages_per_block=pages_per_block or 0, num_kv_heads=num_kv_heads, pages=pages,
+                ctx=ctx, config=config, target=target,
+            )  # fmt: skip
+    blocks = blocks.reshape(*lead, k)
+    pages = None if pages is None else pages.reshape(*lead, -1)
+    return blocks, pages, ctx.reshape(lead)
+
+
+def topk_mask(
+    scores: torch.Tensor,
+    k: int,
+    lengths: torch.Tensor | None = None,
+    kind: str = "bool",
+    block_size: int = 1,
+    *,
+    dtype: torch.dtype | None = None,
+    config: dict | None = None,
+    target: str | None = None,
+) -> torch.Tensor:
+    """The top-k of each row scattered into a mask (R, L·block_size): bool True where masked out,
+    or additive 0 / -inf in `dtype` (default scores.dtype) (`topk_ref.topk_mask_ref`)."""
+    _check_scores("scores", scores)
+    _check_k(k)
+    rows, length = scores.shape
+    _check_rows("lengths", lengths, rows, scores.device)
+    if kind not in MASK_KINDS:
+        raise ValueError(f"kind: expected one of {MASK_KINDS}, got {kind!r}")
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"block_size: expected a positive int, got {block_size!r}")
+    if kind == "additive":
+        dtype = dtype or scores.dtype
+        if dtype not in topk_ref.FLOAT_DTYPES:
+            raise ValueError(f"dtype: expected one of {topk_ref.FLOAT_DTYPES}, got {dtype}")
+    elif dtype not in (None, torch.bool):
+        raise ValueError(f"dtype: a bool mask is torch.bool, got {dtype}")
+    if _use_reference(scores.device):
+        return topk_ref.topk_mask_ref(scores, k, lengths, kind, block_size, dtype)
+    width = length * block_size
+    # The kernel stores bit patterns (masked: True / -inf, selected: all zero bits) through an
+    # integer view: no float conversion in the kernel.
+    if kind == "bool":
+        mask = torch.empty((rows, width), dtype=torch.bool, device=scores.device)
+        out, fill = mask.view(torch.uint8), 1
+    else:
+        mask = torch.empty((rows, width), dtype=dtype, device=scores.device)
+        int_dtype = {2: torch.int16, 4: torch.int32}[mask.element_size()]
+        out = mask.view(int_dtype)
+        fill = torch.tensor(float("-inf"), dtype=dtype).view(int_dtype).item()
+    if rows and width:
+        _launch(
+            scores, k, out, epilogue=EPI_MASK.value, sort=SORT_NONE.value, lengths=lengths,
+            mask_repeat=block_size, mask_fill=fill, config=config, target=target,
+        )  # fmt: skip
+    return mask

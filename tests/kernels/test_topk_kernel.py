@@ -1,0 +1,366 @@
+"""The top-k → sparse-block kernels against their torch references (SPEC §3, §5).
+
+The selected set is deterministic (ties go to the lowest index), so every kernel output is
+compared with the reference exactly: as a set for unsorted indices, slot for slot otherwise.
+The references themselves are checked against torch.topk under the equal-score rule.
+Small BLOCK configs push short rows through the buffer compaction and multi-pass select paths.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fxfuse.kernels import topk, topk_ref
+from fxfuse.runtime import launch_tables
+
+# BLOCK 128, k <= 64: CAP = 2·128 + k_pad, so rows of a few hundred compact at least once.
+SMALL = {"BLOCK": 128}
+TINY = {"BLOCK": 16}
+
+
+def _set(t: torch.Tensor) -> torch.Tensor:
+    return t.sort(dim=-1).values
+
+
+def _rank_values(scores: torch.Tensor) -> torch.Tensor:
+    x = scores.float()
+    return torch.where(torch.isnan(x), float("-inf"), x)
+
+
+def _check_indices(scores, k, out, lengths=None, row_starts=None, sorted=False, pad=-1):
+    ref = topk_ref.topk_indices_ref(scores, k, lengths, row_starts, sorted, pad)
+    assert out.dtype == torch.int32 and out.shape == ref.shape
+    if sorted:
+        assert torch.equal(out, ref)
+    else:
+        assert torch.equal(_set(out), _set(ref))
+    return ref
+
+
+# ---------------------------------------------------------------------------------------------
+# the reference against torch.topk
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reference_agrees_with_torch_topk(dtype):
+    # bf16 of a narrow range has many equal scores: sets may differ only among equal values.
+    scores = (torch.randn(6, 300) * 4).to(dtype)
+    scores[0, 5] = float("nan")
+    k = 40
+    idx = topk_ref.topk_indices_ref(scores, k, sorted=True).long()
+    values = _rank_values(scores)
+    ours = values.gather(1, idx)
+    theirs = torch.topk(values, k, dim=1).values
+    assert torch.equal(ours, theirs)  # same multiset of values, descending
+    # within equal values the lower index comes first
+    same = ours[:, 1:] == ours[:, :-1]
+    assert (idx[:, 1:][same] > idx[:, :-1][same]).all()
+
+
+def test_keys_order_preserving():
+    values = torch.tensor([float("-inf"), -3e38, -1.0, -1e-40, -0.0, 0.0, 1e-40, 1.0, 3e38,
+                           float("inf")])  # fmt: skip
+    keys = topk_ref.score_keys_ref(values)
+    assert (keys[1:] >= keys[:-1]).all() and keys[4] == keys[5]
+    assert topk_ref.score_keys_ref(torch.tensor([float("nan")])) == keys[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# topk_indices
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("sorted", [False, True])
+def test_random_rows(dtype, sorted):
+    scores = torch.randn(5, 777).to(dtype)
+    out = topk.topk_indices(scores, 48, sorted=sorted, config=SMALL)
+    _check_indices(scores, 48, out, sorted=sorted)
+
+
+def _adversarial(name: str, rows: int, length: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7)
+    if name == "constant":
+        return torch.full((rows, length), 0.25)
+    if name == "ascending":
+        return torch.arange(length, dtype=torch.float32).repeat(rows, 1)
+    if name == "descending":
+        return -torch.arange(length, dtype=torch.float32).repeat(rows, 1)
+    if name == "all_neg_inf":
+        return torch.full((rows, length), float("-inf"))
+    if name == "nan_mix":
+        x = torch.randn(rows, length, generator=g)
+        x[torch.rand(rows, length, generator=g) < 0.3] = float("nan")
+        x[:, :5] = float("-inf")
+        return x
+    if name == "all_nan":
+        return torch.full((rows, length), float("nan"))
+    if name == "top22_equal":
+        # Equal in their top 22 bits: only the last 10 mantissa bits (and the index) decide.
+        base = torch.tensor(1.5).view(torch.int32)
+        low = torch.randint(0, 1024, (rows, length), generator=g, dtype=torch.int32)
+        return (base + low).view(torch.float32)
+    if name == "few_values":
+        return torch.randint(-2, 3, (rows, length), generator=g).float()
+    if name == "signed_zeros":
+        x = torch.zeros(rows, length)
+        x[:, ::3] = -0.0
+        x[:, 7::11] = -1.0
+        return x
+    raise AssertionError(name)
+
+
+ADVERSARIAL = [
+    "constant", "ascending", "descending", "all_neg_inf", "nan_mix", "all_nan", "top22_equal",
+    "few_values", "signed_zeros",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ADVERSARIAL)
+def test_adversarial_rows(name):
+    scores = _adversarial(name, 2, 500)
+    for sorted in (False, True):
+        out = topk.topk_indices(scores, 40, sorted=sorted, config=SMALL)
+        _check_indices(scores, 40, out, sorted=sorted)
+
+
+def test_bf16_ties():
+    scores = torch.randint(0, 4, (3, 400)).to(torch.bfloat16) * 0.125
+    out = topk.topk_indices(scores, 64, sorted=True, config=SMALL)
+    _check_indices(scores, 64, out, sorted=True)
+
+
+def test_lengths_around_k_and_chunk_edges():
+    k, block = 24, 16
+    cap = 2 * block + 32  # the kernel's CAP for k_pad 32
+    # k-1, k, k+1; the chunk size and its neighbours; the buffer capacity and its neighbours.
+    lens = [0, 1, k - 1, k, k + 1, block - 1, block, block + 1, cap - 1, cap, cap + 1, 300]
+    scores = torch.randn(len(lens), 300)
+    scores[1::2, ::4] = 0.5  # ties across the threshold in every other row
+    lengths = torch.tensor(lens, dtype=torch.int32)
+    for sorted in (False, True):
+        out = topk.topk_indices(scores, k, lengths, sorted=sorted, config=TINY)
+        ref = _check_indices(scores, k, out, lengths, sorted=sorted)
+        # short rows: the identity, then padding
+        if not sorted:
+            assert torch.equal(out[2], torch.tensor(list(range(k - 1)) + [-1], dtype=torch.int32))
+        assert (ref[0] == -1).all()
+
+
+def test_row_starts_and_pad():
+    scores = torch.randn(4, 600)
+    starts = torch.tensor([0, 100, 550, 700], dtype=torch.int64)  # the last is clamped to L
+    lengths = torch.tensor([600, 300, 100, 10], dtype=torch.int64)
+    out = topk.topk_indices(scores, 32, lengths, starts, pad=600, config=SMALL)
+    _check_indices(scores, 32, out, lengths, starts, pad=600)
+    assert ((out[2] >= 0) & (out[2] < 50)).all()  # row 2 is clamped to the 50 scores left
+    assert (out[3] == 600).all()
+
+
+def test_odd_strides():
+    base = torch.randn(6, 1001)
+    scores = base[:, 3:503]  # row stride 1001 (not a multiple of 4), unaligned start
+    out = topk.topk_indices(scores, 20, sorted=True, config=SMALL)
+    _check_indices(scores, 20, out, sorted=True)
+    transposed = torch.randn(300, 3).t()  # column stride 3
+    out = topk.topk_indices(transposed, 20, config=SMALL)
+    _check_indices(transposed, 20, out)
+
+
+def test_default_config_k_2048():
+    scores = torch.randn(1, 5000)
+    scores[0, 1000:3000] = 0.0  # a big tie straddling the threshold
+    out = topk.topk_indices(scores, 2048)
+    _check_indices(scores, 2048, out)
+
+
+@pytest.mark.parametrize("segments", [2, 3])
+def test_split_rows(segments):
+    scores = torch.randn(2, 700)
+    scores[1, :] = 1.0  # ties across every segment: the lowest indices must win
+    lengths = torch.tensor([700, 650], dtype=torch.int32)
+    for sorted in (False, True):
+        out = topk.topk_indices(
+            scores, 50, lengths, sorted=sorted, config={**SMALL, "SEGMENTS": segments}
+        )
+        _check_indices(scores, 50, out, lengths, sorted=sorted)
+
+
+# ---------------------------------------------------------------------------------------------
+# page transform
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_page_transform(page_size):
+    rows, length, batches = 5, 512, 3
+    scores = torch.randn(rows, length)
+    lengths = torch.tensor([512, 300, 17, 5, 0], dtype=torch.int32)
+    starts = torch.tensor([0, 200, 3, 0, 0], dtype=torch.int32)
+    row_to_batch = torch.tensor([2, 0, 1, 2, 0], dtype=torch.int64)
+    pages = length // page_size
+    # A permuted table per batch, so the transform can be inverted.
+    table = torch.stack([torch.randperm(pages * batches)[:pages] for _ in range(batches)])
+    table = table.to(torch.int32)
+    for sorted in (False, True):
+        out = topk.topk_page_transform(
+            scores, 32, lengths, table, page_size, starts, row_to_batch, sorted, config=SMALL
+        )
+        ref = topk_ref.topk_page_transform_ref(
+            scores, 32, lengths, table, page_size, starts, row_to_batch, sorted
+        )
+        assert torch.equal(out if sorted else _set(out), ref if sorted else _set(ref))
+    # invert: physical page -> logical page of the row's batch gives back the indices
+    idx = topk_ref.topk_indices_ref(scores, 32, lengths, starts, sorted=True)
+    valid = out >= 0
+    assert torch.equal(valid, idx >= 0)
+    inverse = torch.full((batches, pages * batches), -1, dtype=torch.int64)
+    for b in range(batches):
+        inverse[b, table[b].long()] = torch.arange(pages)
+    b = row_to_batch.long()[:, None].expand_as(out)
+    logical = inverse[b[valid], (out[valid].long() >> (page_size.bit_length() - 1))]
+    back = logical * page_size + (out[valid].long() & (page_size - 1))
+    assert torch.equal(back, idx[valid].long())
+
+
+def test_page_transform_without_row_to_batch_and_out_of_table():
+    scores = torch.randn(2, 128)
+    lengths = torch.tensor([128, 128])
+    table = torch.arange(2 * 4, dtype=torch.int64).reshape(2, 4) * 10  # covers 64 of 128
+    out = topk.topk_page_transform(scores, 100, lengths, table, 16, config=SMALL)
+    ref = topk_ref.topk_page_transform_ref(scores, 100, lengths, table, 16)
+    assert torch.equal(_set(out), _set(ref))
+    idx = topk_ref.topk_indices_ref(scores, 100, lengths, sorted=True)
+    assert ((_set(out) == -1).sum(1) == (idx >= 64).sum(1)).all()  # pages past the table
+
+
+# ---------------------------------------------------------------------------------------------
+# block table
+
+
+def _block_case(q=6, heads=2, blocks=40):
+    scores = torch.randn(q * heads, blocks)
+    scores[0, :] = 2.0  # all equal: ties go to low blocks
+    positions = torch.tensor([-1, 0, 127, 128, 2000, 40 * 128 + 500], dtype=torch.int64)
+    return scores, positions[:q], heads
+
+
+@pytest.mark.parametrize(
+    "n_init,n_local,ppb", [(1, 1, None), (0, 0, None), (2, 3, 2), (1, 2, 1), (4, 4, 8)]
+)
+def test_block_table(n_init, n_local, ppb):
+    scores, positions, heads = _block_case()
+    k = 8
+    blocks, pages, ctx = topk.topk_block_table(
+        scores, k, positions, 128, n_init, n_local, ppb, heads, config=TINY
+    )
+    rblocks, rpages, rctx = topk_ref.topk_block_table_ref(
+        scores, k, positions, 128, n_init, n_local, ppb, heads
+    )
+    assert torch.equal(blocks, rblocks) and torch.equal(ctx, rctx)
+    assert (pages is None) == (ppb is None)
+    if ppb is not None:
+        assert torch.equal(pages, rpages)
+    last = (positions.repeat_interleave(heads) >> 7)[:, None]
+    assert ((blocks <= last) | (blocks == -1)).all()  # causal limit
+    for r in range(blocks.shape[0]):
+        kept = set(blocks[r][blocks[r] >= 0].tolist())
+        eligible = set(range(min(int(last[r]) + 1, scores.shape[1])))
+        forced = {b for b in eligible if b < n_init or b > int(last[r]) - n_local}
+        assert forced <= kept and len(kept) == min(k, len(eligible))
+
+
+def test_block_table_3d_and_ctx():
+    scores = torch.randn(3, 4, 10)
+    positions = torch.tensor([130, 1279, 5], dtype=torch.int32)
+    blocks, pages, ctx = topk.topk_block_table(scores, 4, positions, pages_per_block=2)
+    assert blocks.shape == (3, 4, 4) and pages.shape == (3, 4, 8) and ctx.shape == (3, 4)
+    # p=130: blocks 0 and 1 (tail, 3 keys): 128 + 3; p=1279: 4 blocks, tail full; p=5: 1 block
+    assert ctx[:, 0].tolist() == [131, 512, 6]
+    r = topk_ref.topk_block_table_ref(scores, 4, positions, pages_per_block=2, num_kv_heads=4)
+    assert torch.equal(blocks.reshape(12, 4), r[0]) and torch.equal(pages.reshape(12, 8), r[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# mask
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+@pytest.mark.parametrize("block_size", [1, 4])
+def test_mask(kind, block_size):
+    scores = torch.randn(3, 200).to(torch.bfloat16)
+    lengths = torch.tensor([200, 10, 150])
+    out = topk.topk_mask(scores, 24, lengths, kind, block_size, config=SMALL)
+    ref = topk_ref.topk_mask_ref(scores, 24, lengths, kind, block_size)
+    assert out.dtype == ref.dtype and torch.equal(out, ref)
+
+
+def test_mask_additive_dtype():
+    scores = torch.randn(2, 64)
+    out = topk.topk_mask(scores, 8, kind="additive", dtype=torch.float16, config=TINY)
+    assert out.dtype == torch.float16
+    assert torch.equal(out, topk_ref.topk_mask_ref(scores, 8, kind="additive", dtype=torch.float16))
+
+
+# ---------------------------------------------------------------------------------------------
+# input checks, reference path, launch table
+
+
+@pytest.mark.parametrize(
+    "call,name",
+    [
+        (lambda s: topk.topk_indices(s[0], 4), "scores"),
+        (lambda s: topk.topk_indices(s.int(), 4), "scores"),
+        (lambda s: topk.topk_indices(s, 0), "k"),
+        (lambda s: topk.topk_indices(s, 4096), "k"),
+        (lambda s: topk.topk_indices(s, 4, torch.ones(3)), "lengths"),
+        (lambda s: topk.topk_indices(s, 4, torch.ones(5, dtype=torch.int32)), "lengths"),
+        (lambda s: topk.topk_indices(s, 4, row_starts=torch.ones(2, 1).int()), "row_starts"),
+        (lambda s: topk.topk_indices(s, 4, config={"BLOCKS": 64}), "config"),
+        (lambda s: topk.topk_indices(s, 4, config={"BLOCK": 48}), "config"),
+        (lambda s: topk.topk_indices(s, 4, target="sm80"), "target"),
+        (lambda s: topk.topk_page_transform(s, 4, None, torch.zeros(3, 2).int(), 16), "lengths"),
+        (lambda s: topk.topk_page_transform(s, 4, _len(), torch.zeros(3, 2).int(), 12), "page_size"),
+        (lambda s: topk.topk_page_transform(s, 4, _len(), torch.zeros(3, 2), 16), "page_table"),
+        (lambda s: topk.topk_page_transform(s, 4, _len(), torch.zeros(1, 2).int(), 16), "page_table"),
+        (lambda s: topk.topk_page_transform(s, 4, _len(), torch.zeros(3, 2).int(), 16,
+                                            row_to_batch=torch.zeros(3)), "row_to_batch"),
+        (lambda s: topk.topk_block_table(s, 4, torch.zeros(2).int()), "positions"),
+        (lambda s: topk.topk_block_table(s, 4, _len(), block_size=100), "block_size"),
+        (lambda s: topk.topk_block_table(s, 4, _len(), n_init=3, n_local=2), "n_init"),
+        (lambda s: topk.topk_block_table(s, 4, _len(), n_local=-1), "n_local"),
+        (lambda s: topk.topk_block_table(s, 4, _len(), pages_per_block=0), "pages_per_block"),
+        (lambda s: topk.topk_block_table(s, 4, _len(), num_kv_heads=2), "num_kv_heads"),
+        (lambda s: topk.topk_block_table(s[0], 4, _len()), "block_scores"),
+        (lambda s: topk.topk_mask(s, 4, kind="float"), "kind"),
+        (lambda s: topk.topk_mask(s, 4, block_size=0), "block_size"),
+        (lambda s: topk.topk_mask(s, 4, kind="additive", dtype=torch.int8), "dtype"),
+    ],
+)  # fmt: skip
+def test_bad_inputs(call, name):
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        call(torch.randn(3, 32))
+
+
+def _len():
+    return torch.full((3,), 32, dtype=torch.int32)
+
+
+def test_reference_path_without_interpreter(reference_path):
+    scores = torch.randn(3, 100)
+    assert torch.equal(topk.topk_indices(scores, 10), topk_ref.topk_indices_ref(scores, 10))
+    mask = topk.topk_mask(scores, 10, kind="additive", block_size=2)
+    assert torch.equal(mask, topk_ref.topk_mask_ref(scores, 10, kind="additive", block_size=2))
+
+
+def test_empty_shapes():
+    assert topk.topk_indices(torch.randn(0, 10), 4).shape == (0, 4)
+    out = topk.topk_indices(torch.randn(2, 0), 4)
+    assert (out == -1).all()
+    assert topk.topk_mask(torch.randn(2, 0), 4).shape == (2, 0)
+
+
+def test_launch_table_loads():
+    table = launch_tables.load_table("topk")
+    for target in launch_tables.TABLE_TARGETS:
+        cfg = launch_tables.lookup("topk", target, rows=256, length=131072, topk=2048)
+        assert sorted(cfg) == sorted(table["fields"])
