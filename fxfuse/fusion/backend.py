@@ -47,7 +47,9 @@ def fxfuse_backend(gm: fx.GraphModule, example_inputs, config: FusionConfig | No
     report = FusionReport(target=(config or FusionConfig()).resolved_target())
     _REPORTS.append(report)
     custom_pass = FxfusePostGradPass(config or FusionConfig(), report)
-    with inductor_config.patch(post_grad_custom_post_pass=custom_pass):
+    # A graph-cache hit skips the post-grad pass and would leave the report empty; until the
+    # report is stored with the cache entry, compile afresh.
+    with inductor_config.patch(post_grad_custom_post_pass=custom_pass, fx_graph_cache=False):
         return compile_fx(gm, example_inputs)
 
 
