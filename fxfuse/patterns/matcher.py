@@ -21,6 +21,7 @@ the nodes the pattern covered.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import operator
 from collections.abc import Callable, Iterator
@@ -109,11 +110,12 @@ def normalized_args(node: fx.Node) -> dict[str, AnyType]:
     return args
 
 
-class Pat:
+class Pat(abc.ABC):
     name: str | None = None
 
+    @abc.abstractmethod
     def match(self, value: AnyType, state: _State) -> Iterator[_State]:
-        raise NotImplementedError  # every subclass defines it
+        """Every way `value` matches this pattern, as states extending `state`."""
 
     def _bind(self, value: AnyType, state: _State) -> bool:
         if self.name is None:
