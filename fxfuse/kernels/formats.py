@@ -43,7 +43,10 @@ def e8m0_exponent_ref(amax: torch.Tensor, rounding: str) -> torch.Tensor:
         exponent = ((bits >> 23) & 0xFF) - 127 - 2
     else:
         # ceil(log2(amax / 6)) exactly: floor, plus one unless the quotient is a power of two.
-        quotient_bits = (amax.float() / 6.0).contiguous().view(torch.int32)
+        # A tensor divisor: a correctly rounded division on every device (CUDA turns a
+        # division by a Python number into a multiply by its reciprocal).
+        amax = amax.float()
+        quotient_bits = (amax / torch.full_like(amax, 6.0)).contiguous().view(torch.int32)
         exponent = ((quotient_bits >> 23) & 0xFF) - 127
         exponent = exponent + ((quotient_bits & 0x7FFFFF) != 0).to(torch.int32)
         exponent = torch.where((quotient_bits & 0x7F800000) == 0, -127, exponent)

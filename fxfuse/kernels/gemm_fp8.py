@@ -154,7 +154,7 @@ def _fp8_operand(bits, DOT_DTYPE: tl.constexpr, FNUZ: tl.constexpr):
 def _row_scale_kernel(
     x_ptr, scale_ptr, M, K, stride_xm, stride_xk, quant_eps,
     FP8_MAX: tl.constexpr, EPS_ON_SCALE: tl.constexpr, EXACT_CASTS: tl.constexpr,
-    BLOCK_K: tl.constexpr, NUM_K_CHUNKS: tl.constexpr,
+    CONST_DIV_AS_MUL: tl.constexpr, BLOCK_K: tl.constexpr, NUM_K_CHUNKS: tl.constexpr,
 ):
     """Per-token FP8 scale max(amax(row), eps) / FP8_MAX (fp32, correctly rounded), one row each."""
     row = tl.program_id(0).to(tl.int64)
@@ -163,7 +163,8 @@ def _row_scale_kernel(
         offs_k = i * BLOCK_K + tl.arange(0, BLOCK_K)
         x = _load_f32(x_ptr + row * stride_xm + offs_k * stride_xk, offs_k < K, EXACT_CASTS)
         amax = tl.maximum(amax, tl.abs(x))
-    tl.store(scale_ptr + row, _fp8_scale(tl.max(amax, axis=0), quant_eps, FP8_MAX, EPS_ON_SCALE))
+    scale = _fp8_scale(tl.max(amax, axis=0), quant_eps, FP8_MAX, EPS_ON_SCALE, CONST_DIV_AS_MUL)
+    tl.store(scale_ptr + row, scale)
 
 
 # M varies per call: specializing on it (M == 1, M % 16) would only multiply compiles.
@@ -181,7 +182,7 @@ def _gemm_fp8_kernel(
     A_KIND: tl.constexpr, SCALE_BLOCKWISE: tl.constexpr, DOT_DTYPE: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_FNUZ: tl.constexpr, FP8_NATIVE: tl.constexpr,
     EPS_ON_SCALE: tl.constexpr, APPLY_RECIPROCAL: tl.constexpr, WRITE_QUANT: tl.constexpr,
-    EVEN_K: tl.constexpr, EXACT_CASTS: tl.constexpr,
+    EVEN_K: tl.constexpr, EXACT_CASTS: tl.constexpr, CONST_DIV_AS_MUL: tl.constexpr,
     # meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, NUM_K_TILES: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
@@ -210,7 +211,7 @@ def _gemm_fp8_kernel(
                 EXACT_CASTS,
             )
             amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
-        row_scale = _fp8_scale(amax, quant_eps, FP8_MAX, EPS_ON_SCALE)
+        row_scale = _fp8_scale(amax, quant_eps, FP8_MAX, EPS_ON_SCALE, CONST_DIV_AS_MUL)
         if WRITE_QUANT:
             tl.store(q_scale_out_ptr + offs_m * stride_qsm, row_scale,
                      mask=mask_m & write_q & (pid_k == 0))
@@ -234,7 +235,8 @@ def _gemm_fp8_kernel(
             if A_KIND == A_GROUP:
                 # BLOCK_K == 128: the tile row is exactly one quant group.
                 group_scale = _fp8_scale(
-                    tl.max(tl.abs(x), axis=1), quant_eps, FP8_MAX, EPS_ON_SCALE
+                    tl.max(tl.abs(x), axis=1), quant_eps, FP8_MAX, EPS_ON_SCALE,
+                    CONST_DIV_AS_MUL,
                 )
                 a_bits = _fp8_quant(
                     x, group_scale[:, None], FP8_MAX, FP8_FNUZ, FP8_NATIVE, APPLY_RECIPROCAL,
@@ -461,6 +463,7 @@ def _launch(
         WRITE_QUANT=q_out is not None,
         EVEN_K=k % bk == 0,
         EXACT_CASTS=interpreting(),
+        CONST_DIV_AS_MUL=a.device.type != "cpu",
         BLOCK_M=bm,
         BLOCK_N=bn,
         BLOCK_K=bk,
@@ -582,6 +585,7 @@ def gemm_a16w8(
                 FP8_MAX=fp8_max,
                 EPS_ON_SCALE=bool(eps_on_scale),
                 EXACT_CASTS=interpreting(),
+                CONST_DIV_AS_MUL=x.device.type != "cpu",
                 BLOCK_K=row_block,
                 NUM_K_CHUNKS=_cdiv(k, row_block),
                 num_warps=4,

@@ -116,10 +116,22 @@ def _fp8_bits(v, FNUZ: tl.constexpr, NATIVE: tl.constexpr):
 
 
 @triton.jit
-def _fp8_scale(amax, quant_eps, FP8_MAX: tl.constexpr, EPS_ON_SCALE: tl.constexpr):
+def _div_const(v, c: tl.constexpr, CONST_DIV_AS_MUL: tl.constexpr):
+    """v / c for a constant c, as torch computes it on the tensors' device: on CUDA/ROCm (eager
+    and Inductor alike) a multiply by fp32(1 / c), on CPU a correctly rounded division."""
+    if CONST_DIV_AS_MUL:
+        return v * (1.0 / c)
+    return tl.math.div_rn(v, c)
+
+
+@triton.jit
+def _fp8_scale(
+    amax, quant_eps, FP8_MAX: tl.constexpr, EPS_ON_SCALE: tl.constexpr,
+    CONST_DIV_AS_MUL: tl.constexpr,
+):
     if EPS_ON_SCALE:
-        return tl.maximum(tl.math.div_rn(amax, FP8_MAX), quant_eps)
-    return tl.math.div_rn(tl.maximum(amax, quant_eps), FP8_MAX)
+        return tl.maximum(_div_const(amax, FP8_MAX, CONST_DIV_AS_MUL), quant_eps)
+    return _div_const(tl.maximum(amax, quant_eps), FP8_MAX, CONST_DIV_AS_MUL)
 
 
 @triton.jit
@@ -268,9 +280,14 @@ def _load_h(
 
 
 @triton.jit
-def _inv_rms(sum_sq, n_f32, eps):
-    # 1 / sqrt(mean + eps) in correctly rounded steps: torch's CPU rsqrt is 1 / sqrt.
-    return tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(sum_sq, n_f32) + eps))
+def _inv_rms(sum_sq, n_f32, eps, CONST_DIV_AS_MUL: tl.constexpr):
+    # 1 / sqrt(mean + eps) in correctly rounded steps: torch's CPU rsqrt is 1 / sqrt. The mean
+    # is sum / N on CPU, sum · fp32(1 / N) on CUDA/ROCm (torch's mean kernel and Inductor's).
+    if CONST_DIV_AS_MUL:
+        mean = sum_sq * tl.math.div_rn(1.0, n_f32)
+    else:
+        mean = tl.math.div_rn(sum_sq, n_f32)
+    return tl.math.div_rn(1.0, tl.sqrt_rn(mean + eps))
 
 
 @triton.jit
@@ -301,7 +318,7 @@ def _store_outputs(
     y_ptr, q_ptr, scale_ptr, stride_ym, stride_qm, stride_sm, stride_sg, row_scale, quant_eps,
     WRITE_NORM: tl.constexpr, QUANT: tl.constexpr, FP8_MAX: tl.constexpr, FP8_FNUZ: tl.constexpr,
     FP8_NATIVE: tl.constexpr, EPS_ON_SCALE: tl.constexpr, APPLY_RECIPROCAL: tl.constexpr,
-    MX_ROUNDING: tl.constexpr, EXACT_CASTS: tl.constexpr,
+    MX_ROUNDING: tl.constexpr, EXACT_CASTS: tl.constexpr, CONST_DIV_AS_MUL: tl.constexpr,
 ):
     """Write one tile's normed output and its quantized bytes / per-group scales."""
     if WRITE_NORM:
@@ -312,7 +329,9 @@ def _store_outputs(
         )
         tl.store(q_ptr + row * stride_qm + cols, q, mask=mask)
     elif QUANT == QUANT_FP8_GROUP:
-        scale = _fp8_scale(_chunk_max(tl.abs(y)), quant_eps, FP8_MAX, EPS_ON_SCALE)
+        scale = _fp8_scale(
+            _chunk_max(tl.abs(y)), quant_eps, FP8_MAX, EPS_ON_SCALE, CONST_DIV_AS_MUL
+        )
         q = _fp8_quant(
             y, scale[:, None, None], FP8_MAX, FP8_FNUZ, FP8_NATIVE, APPLY_RECIPROCAL, EXACT_CASTS
         )
@@ -350,7 +369,7 @@ def _rms_norm_quant_kernel(
     HAS_WEIGHT_OFFSET: tl.constexpr, ROUND_BEFORE_WEIGHT: tl.constexpr, WRITE_NORM: tl.constexpr,
     QUANT: tl.constexpr, FP8_MAX: tl.constexpr, FP8_FNUZ: tl.constexpr, FP8_NATIVE: tl.constexpr,
     EPS_ON_SCALE: tl.constexpr, APPLY_RECIPROCAL: tl.constexpr, MX_ROUNDING: tl.constexpr,
-    EXACT_CASTS: tl.constexpr,
+    EXACT_CASTS: tl.constexpr, CONST_DIV_AS_MUL: tl.constexpr,
     # meta-parameters
     GROUP: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, TILE_CHUNKS: tl.constexpr,
     NUM_TILES: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr,
@@ -390,13 +409,14 @@ def _rms_norm_quant_kernel(
                 x_cur, r_cur, h_ptr, row, cols, mask, stride_hm,
                 X_DTYPE, HAS_RESIDUAL, True, EXACT_CASTS,
             )
-            inv = _inv_rms(_tile_sum(h * h), n_f32, eps)
+            inv = _inv_rms(_tile_sum(h * h), n_f32, eps, CONST_DIV_AS_MUL)
             y = _normalize(h, w, inv, X_DTYPE, NORM_DTYPE, ROUND_BEFORE_WEIGHT, EXACT_CASTS)
             row_scale = 0.0
             if QUANT == QUANT_FP8_ROW:
                 # Per-token scale: the row amax after the norm, from the registers.
                 row_scale = _fp8_scale(
-                    tl.max(_chunk_max(tl.abs(y)), axis=0), quant_eps, FP8_MAX, EPS_ON_SCALE
+                    tl.max(_chunk_max(tl.abs(y)), axis=0), quant_eps, FP8_MAX, EPS_ON_SCALE,
+                    CONST_DIV_AS_MUL,
                 )
                 tl.store(scale_ptr + row * stride_sm, row_scale, mask=row_ok)
             _store_outputs(
@@ -404,7 +424,7 @@ def _rms_norm_quant_kernel(
                 y_ptr, q_ptr, scale_ptr, stride_ym, stride_qm, stride_sm, stride_sg,
                 row_scale, quant_eps,
                 WRITE_NORM, QUANT, FP8_MAX, FP8_FNUZ, FP8_NATIVE, EPS_ON_SCALE,
-                APPLY_RECIPROCAL, MX_ROUNDING, EXACT_CASTS,
+                APPLY_RECIPROCAL, MX_ROUNDING, EXACT_CASTS, CONST_DIV_AS_MUL,
             )
         else:
             # Wide rows: pass 1 sums squares (and stores h); later passes recompute h, which is
@@ -418,7 +438,7 @@ def _rms_norm_quant_kernel(
                     X_DTYPE, HAS_RESIDUAL, True, EXACT_CASTS,
                 )
                 sum_sq += h * h
-            inv = _inv_rms(_tile_sum(sum_sq), n_f32, eps)
+            inv = _inv_rms(_tile_sum(sum_sq), n_f32, eps, CONST_DIV_AS_MUL)
             row_scale = 0.0
             if QUANT == QUANT_FP8_ROW:
                 amax = tl.zeros((TILE_CHUNKS, CHUNK // VEC, VEC), tl.float32)
@@ -441,7 +461,8 @@ def _rms_norm_quant_kernel(
                     )
                     amax = tl.maximum(amax, tl.abs(y))
                 row_scale = _fp8_scale(
-                    tl.max(_chunk_max(amax), axis=0), quant_eps, FP8_MAX, EPS_ON_SCALE
+                    tl.max(_chunk_max(amax), axis=0), quant_eps, FP8_MAX, EPS_ON_SCALE,
+                    CONST_DIV_AS_MUL,
                 )
                 tl.store(scale_ptr + row * stride_sm, row_scale, mask=row_ok)
             for t in range(NUM_TILES):
@@ -464,7 +485,7 @@ def _rms_norm_quant_kernel(
                     y_ptr, q_ptr, scale_ptr, stride_ym, stride_qm, stride_sm, stride_sg,
                     row_scale, quant_eps,
                     WRITE_NORM, QUANT, FP8_MAX, FP8_FNUZ, FP8_NATIVE, EPS_ON_SCALE,
-                    APPLY_RECIPROCAL, MX_ROUNDING, EXACT_CASTS,
+                    APPLY_RECIPROCAL, MX_ROUNDING, EXACT_CASTS, CONST_DIV_AS_MUL,
                 )
 
 
@@ -626,6 +647,7 @@ def _launch(
         APPLY_RECIPROCAL=bool(apply_reciprocal),
         MX_ROUNDING=formats.MXFP4_ROUNDINGS.index(rounding),
         EXACT_CASTS=interpreting(),
+        CONST_DIV_AS_MUL=x.device.type != "cpu",
         GROUP=group,
         CHUNK=chunk,
         VEC=min(chunk, 16 // x.element_size()),

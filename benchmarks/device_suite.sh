@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device call: GPU tests, then each benchmark under its own time limit. Results go to
+# $RES (tarred into $OUT/results.tgz, since the device tool returns at most 8 files).
+#   STEPS="tests rms rms_sweep gemm_fp8 ..." bash benchmarks/device_suite.sh
+set -u
+export PYTHONPATH=$PWD TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+RES=${RES:-/tmp/fxfuse_results}
+OUT=${OUT:-$RES}
+mkdir -p "$RES"
+STEPS=${STEPS:-"tests rms gemm_fp8 gemm_mxfp4 split_cat topk layer"}
+step() {  # name, seconds, command...
+  local name=$1 secs=$2; shift 2
+  local t0=$(date +%s)
+  echo "=== $name (limit ${secs}s)"
+  timeout "$secs" "$@" >"$RES/$name.log" 2>&1
+  local rc=$?
+  tail -n "${TAIL:-40}" "$RES/$name.log"
+  echo "=== $name rc=$rc in $(( $(date +%s) - t0 ))s"
+}
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>/dev/null
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+for s in $STEPS; do
+  case $s in
+    tests) step tests "${T_TESTS:-120}" python -m pytest -q -p no:cacheprovider tests/kernels -k "gpu or cuda" ;;
+    gputests) step gputests "${T_TESTS:-150}" python -m pytest -q -p no:cacheprovider -m gpu tests ;;
+    rms) step rms "${T_RMS:-90}" python benchmarks/bench_rms_norm_quant.py --out "$RES" ;;
+    rms_sweep) step rms_sweep "${T_RMS_SWEEP:-150}" python benchmarks/bench_rms_norm_quant.py --sweep --out "$RES" ;;
+    gemm_fp8) step gemm_fp8 "${T_GEMM:-80}" python benchmarks/bench_gemm_fp8.py --out "$RES" ;;
+    gemm_fp8_sweep) step gemm_fp8_sweep "${T_GEMM_SWEEP:-150}" python benchmarks/bench_gemm_fp8.py --sweep --out "$RES" ;;
+    gemm_mxfp4) step gemm_mxfp4 "${T_GEMM:-80}" python benchmarks/bench_gemm_mxfp4.py --out "$RES" ;;
+    gemm_mxfp4_sweep) step gemm_mxfp4_sweep "${T_GEMM_SWEEP:-150}" python benchmarks/bench_gemm_mxfp4.py --sweep --out "$RES" ;;
+    split_cat) step split_cat "${T_SPLIT:-70}" python benchmarks/bench_gemm_split_cat.py --out "$RES" ;;
+    split_cat_sweep) step split_cat_sweep "${T_SPLIT_SWEEP:-120}" python benchmarks/bench_gemm_split_cat.py --sweep-only --out "$RES" ;;
+    topk) step topk "${T_TOPK:-70}" python benchmarks/bench_topk.py --budget-s 55 --out "$RES" ;;
+    layer) step layer "${T_LAYER:-60}" python benchmarks/bench_layer.py --out "$RES" ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
+tar czf "$OUT/results.tgz" -C "$RES" . && echo "results in results.tgz: $(ls "$RES" | tr '\n' ' ')"
