@@ -32,6 +32,18 @@ for s in $STEPS; do
     split_cat) step split_cat "${T_SPLIT:-70}" python benchmarks/bench_gemm_split_cat.py --out "$RES" ;;
     split_cat_sweep) step split_cat_sweep "${T_SPLIT_SWEEP:-120}" python benchmarks/bench_gemm_split_cat.py --sweep-only --out "$RES" ;;
     topk) step topk "${T_TOPK:-70}" python benchmarks/bench_topk.py --budget-s 55 --out "$RES" ;;
+    probe) step probe "${T_PROBE:-150}" python benchmarks/experiments/rms_fp8_probe.py ;;
+    rms_table)  # install the sweep's sm90 table before timing with it
+      python - "$RES/rms_norm_quant_sweep.json" <<'PY'
+import json, sys
+sweep = json.load(open(sys.argv[1]))
+path = "fxfuse/runtime/tables/rms_norm_quant.json"
+table = json.load(open(path))
+table["targets"]["sm90"] = sweep["sm90"]
+json.dump(table, open(path, "w"), indent=2)
+PY
+      cp fxfuse/runtime/tables/rms_norm_quant.json "$RES/rms_norm_quant_table.json"; echo "=== rms_table installed" ;;
+    demo) step demo "${T_DEMO:-90}" python -m fxfuse demo ;;
     layer) step layer "${T_LAYER:-60}" python benchmarks/bench_layer.py --out "$RES" ;;
     *) echo "unknown step $s" ;;
   esac

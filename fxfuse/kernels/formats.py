@@ -75,8 +75,10 @@ def e2m1_code_ref(v: torch.Tensor) -> torch.Tensor:
 
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
     """fp32 values of 4-bit e2m1 codes (int tensor)."""
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
-    mag = table[(codes & 7).long()]
+    # From the bits, with no table: a host-built table cannot be made during CUDA graph capture.
+    exponent = ((codes >> 1) & 3).to(torch.float32)
+    mantissa = (codes & 1).to(torch.float32)
+    mag = torch.where(exponent == 0, 0.5 * mantissa, torch.exp2(exponent - 1) * (1 + 0.5 * mantissa))
     return torch.where((codes & 8) != 0, -mag, mag)
 
 

@@ -141,7 +141,8 @@ def _div_by_scale(y, scale, rcp):
     fast path of div.rn.f32 itself. Its range checks never fire here: scales are normal and
     |quotients| <= ~448 (a quotient that underflows is ±0 in e4m3 either way)."""
     q0 = y * rcp
-    return tl.fma(tl.fma(-q0, scale, y), rcp, q0)
+    q1 = tl.fma(tl.fma(-q0, scale, y), rcp, q0)
+    return tl.where(y == 0.0, y, q1)  # -0 / s is -0; the FMA step would give +0
 
 
 @triton.jit
@@ -150,13 +151,17 @@ def _fp8_quant(
     APPLY_RECIPROCAL: tl.constexpr, EXACT_CASTS: tl.constexpr,
 ):
     """Bytes of clamp(y / scale, ±FP8_MAX); scale (one per row or group) broadcasts against y."""
-    rcp = tl.math.div_rn(1.0, scale)  # once per row / group
     if APPLY_RECIPROCAL:
-        scaled = y * rcp
+        scaled = y * tl.math.div_rn(1.0, scale)
     elif EXACT_CASTS:
         scaled = tl.math.div_rn(y, scale)  # the interpreter's fma is not fused
     else:
-        scaled = _div_by_scale(y, scale, rcp)
+        # A subnormal scale (eps 0, tiny rows) has no finite reciprocal: scale it and y by 2^64,
+        # exactly, which leaves the quotient and its rounding unchanged.
+        tiny = scale < 1.1754943508222875e-38
+        scale = tl.where(tiny, scale * 18446744073709551616.0, scale)
+        y = tl.where(tiny, y * 18446744073709551616.0, y)
+        scaled = _div_by_scale(y, scale, tl.math.div_rn(1.0, scale))  # one rcp per row / group
     if not NATIVE:  # the hardware convert saturates to ±FP8_MAX itself (satfinite)
         scaled = tl.minimum(tl.maximum(scaled, -FP8_MAX), FP8_MAX)
     return _fp8_bits(scaled, FNUZ, NATIVE)
@@ -489,6 +494,82 @@ def _rms_norm_quant_kernel(
                 )
 
 
+# One row in one (NG, G) register tile: G = the quant group (the whole padded row when there is
+# no group), NG groups. Plain 2-D tiles reach ~95 % of the H200's copy roofline at N = 7168 where
+# the chunked 3-D tiles above reached ~40 % (benchmarks/experiments/rms_fp8_probe.py); the chunked
+# kernel remains for rows wider than BLOCK_N_MAX.
+@triton.jit(do_not_specialize=["M"])
+def _rms_norm_quant_rows_kernel(
+    x_ptr, residual_ptr, weight_ptr, h_ptr, y_ptr, q_ptr, scale_ptr,
+    M, N, eps, weight_offset, quant_eps,
+    stride_xm, stride_xn, stride_rm, stride_rn, stride_w, stride_hm, stride_ym, stride_qm,
+    stride_sm, stride_sg,
+    X_DTYPE: tl.constexpr, NORM_DTYPE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    HAS_WEIGHT_OFFSET: tl.constexpr, ROUND_BEFORE_WEIGHT: tl.constexpr, WRITE_NORM: tl.constexpr,
+    QUANT: tl.constexpr, FP8_MAX: tl.constexpr, FP8_FNUZ: tl.constexpr, FP8_NATIVE: tl.constexpr,
+    EPS_ON_SCALE: tl.constexpr, APPLY_RECIPROCAL: tl.constexpr, MX_ROUNDING: tl.constexpr,
+    EXACT_CASTS: tl.constexpr, CONST_DIV_AS_MUL: tl.constexpr,
+    NG: tl.constexpr, G: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    groups = tl.arange(0, NG)
+    cols = groups[:, None] * G + tl.arange(0, G)[None, :]
+    col_mask = cols < N
+    group_ok = groups * G < N
+    w = _load_weight(
+        weight_ptr, cols, col_mask, stride_w, weight_offset, HAS_WEIGHT_OFFSET, EXACT_CASTS
+    )
+    n_f32 = tl.cast(N, tl.float32)
+    for i in tl.static_range(ROWS_PER_PROGRAM):
+        row_i32 = pid * ROWS_PER_PROGRAM + i
+        row_ok = row_i32 < M
+        row = row_i32.to(tl.int64)
+        mask = col_mask & row_ok
+        x, r = _load_inputs(
+            x_ptr, residual_ptr, row, cols, mask, stride_xm, stride_xn, stride_rm, stride_rn,
+            HAS_RESIDUAL,
+        )
+        h = _residual_sum(
+            x, r, h_ptr, row, cols, mask, stride_hm, X_DTYPE, HAS_RESIDUAL, True, EXACT_CASTS
+        )
+        inv = _inv_rms(tl.sum(tl.sum(h * h, axis=1), axis=0), n_f32, eps, CONST_DIV_AS_MUL)
+        y = _normalize(h, w, inv, X_DTYPE, NORM_DTYPE, ROUND_BEFORE_WEIGHT, EXACT_CASTS)
+        if WRITE_NORM:
+            _store_as(y_ptr + row * stride_ym + cols, y, mask, EXACT_CASTS)
+        if QUANT == QUANT_FP8_ROW:
+            scale = _fp8_scale(
+                tl.max(tl.max(tl.abs(y), axis=1), axis=0), quant_eps, FP8_MAX, EPS_ON_SCALE,
+                CONST_DIV_AS_MUL,
+            )
+            tl.store(scale_ptr + row * stride_sm, scale, mask=row_ok)
+            q = _fp8_quant(y, scale, FP8_MAX, FP8_FNUZ, FP8_NATIVE, APPLY_RECIPROCAL, EXACT_CASTS)
+            tl.store(q_ptr + row * stride_qm + cols, q, mask=mask)
+        elif QUANT == QUANT_FP8_GROUP:
+            scale = _fp8_scale(
+                tl.max(tl.abs(y), axis=1), quant_eps, FP8_MAX, EPS_ON_SCALE, CONST_DIV_AS_MUL
+            )
+            q = _fp8_quant(
+                y, scale[:, None], FP8_MAX, FP8_FNUZ, FP8_NATIVE, APPLY_RECIPROCAL, EXACT_CASTS
+            )
+            tl.store(q_ptr + row * stride_qm + cols, q, mask=mask)
+            tl.store(scale_ptr + row * stride_sm + groups * stride_sg, scale, mask=group_ok & row_ok)
+        elif QUANT == QUANT_MXFP4:
+            exponent = _e8m0_exponent(tl.max(tl.abs(y), axis=1), MX_ROUNDING)
+            # 2^-e from its bits (exact, no pow); e = 127 needs the subnormal 2^-127.
+            factor = tl.where(exponent == 127, 0x400000, (127 - exponent) << 23)
+            codes = _e2m1_code(y * factor.to(tl.float32, bitcast=True)[:, None])
+            even, odd = tl.split(tl.reshape(codes, (NG, G // 2, 2)))
+            byte_cols = groups[:, None] * (G // 2) + tl.arange(0, G // 2)[None, :]
+            tl.store(
+                q_ptr + row * stride_qm + byte_cols, (even | (odd << 4)).to(tl.uint8),
+                mask=group_ok[:, None] & row_ok,
+            )
+            tl.store(
+                scale_ptr + row * stride_sm + groups * stride_sg, (exponent + 127).to(tl.uint8),
+                mask=group_ok & row_ok,
+            )
+
+
 # fmt: on
 # ---------------------------------------------------------------------------------------------
 # launcher
@@ -596,13 +677,6 @@ def _launch(
 ):
     m, n = x.shape
     cfg = _launch_config(target, x.device, m, n, config)
-    num_groups = triton.cdiv(n, group)
-    padded_chunks = triton.next_power_of_2(num_groups)
-    if padded_chunks * chunk <= cfg["BLOCK_N_MAX"]:
-        tile_chunks, num_tiles = padded_chunks, 1
-    else:
-        tile_chunks = max(1, cfg["BLOCK_N_MAX"] // chunk)
-        num_tiles = triton.cdiv(num_groups, tile_chunks)
     rows = cfg["ROWS_PER_PROGRAM"]
     # Unused pointers get x: the kernel's constexpr switches never touch them.
     residual_t = x if residual is None else residual
@@ -610,7 +684,22 @@ def _launch(
     q_t = x if q is None else q.view(torch.uint8)
     scale_t = x if scale is None else scale
     scale_strides = (0, 0) if scale is None else scale.stride()
-    _rms_norm_quant_kernel[(triton.cdiv(m, rows),)](
+    grouped = quant_kind.value in (QUANT_FP8_GROUP.value, QUANT_MXFP4.value)
+    g = group if grouped else triton.next_power_of_2(n)
+    ng = triton.next_power_of_2(triton.cdiv(n, g))
+    if g & (g - 1) == 0 and ng * g <= cfg["BLOCK_N_MAX"]:
+        kernel, tiling = _rms_norm_quant_rows_kernel, {"NG": ng, "G": g}
+    else:
+        num_groups = triton.cdiv(n, group)
+        tile_chunks = max(1, cfg["BLOCK_N_MAX"] // chunk)
+        kernel, tiling = _rms_norm_quant_kernel, {
+            "GROUP": group,
+            "CHUNK": chunk,
+            "VEC": min(chunk, 16 // x.element_size()),
+            "TILE_CHUNKS": min(tile_chunks, triton.next_power_of_2(num_groups)),
+            "NUM_TILES": triton.cdiv(num_groups, tile_chunks),
+        }
+    kernel[(triton.cdiv(m, rows),)](
         x,
         residual_t,
         weight,
@@ -648,11 +737,7 @@ def _launch(
         MX_ROUNDING=formats.MXFP4_ROUNDINGS.index(rounding),
         EXACT_CASTS=interpreting(),
         CONST_DIV_AS_MUL=x.device.type != "cpu",
-        GROUP=group,
-        CHUNK=chunk,
-        VEC=min(chunk, 16 // x.element_size()),
-        TILE_CHUNKS=tile_chunks,
-        NUM_TILES=num_tiles,
+        **tiling,
         ROWS_PER_PROGRAM=rows,
         num_warps=cfg["num_warps"],
     )
