@@ -43,6 +43,7 @@ table["targets"]["sm90"] = sweep["sm90"]
 json.dump(table, open(path, "w"), indent=2)
 PY
       cp fxfuse/runtime/tables/rms_norm_quant.json "$RES/rms_norm_quant_table.json"; echo "=== rms_table installed" ;;
+    chain) step chain "${T_CHAIN:-150}" python benchmarks/bench_chain.py --out "$RES" ;;
     demo) step demo "${T_DEMO:-90}" python -m fxfuse demo ;;
     layer) step layer "${T_LAYER:-60}" python benchmarks/bench_layer.py --out "$RES" ;;
     *) echo "unknown step $s" ;;

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from fxfuse.runtime import norm_quant_ops  # noqa: F401 - registers torch.ops.fxfuse.*
+from fxfuse.runtime import gemm_ops, norm_quant_ops  # noqa: F401 - registers torch.ops.fxfuse.*
 from fxfuse.runtime.target import detect_target, fp8_dtype_for
 
 fxfuse_ops = torch.ops.fxfuse

@@ -101,7 +101,17 @@ def _rewrite(rule: Rule, match: Match, outputs: list[fx.Node], ctx: Context) -> 
     pos = _position(graph)
     leaves = _leaves(match.nodes)
     inside = set(match.nodes)
-    external_users = [u for o in outputs for u in o.users if u not in inside]
+    external_users = []
+    for out in outputs:
+        tuple_valued = isinstance(out.meta.get("val"), (tuple, list))
+        for user in out.users:
+            if user in inside:
+                continue
+            # A tuple's getitems are rewired, not kept: what counts is who reads them.
+            if tuple_valued and user.target is operator.getitem:
+                external_users.extend(u for u in user.users if u not in inside)
+            else:
+                external_users.append(user)
     first_user = min((pos[u] for u in external_users), default=len(pos))
     last_leaf = max((pos[leaf] for leaf in leaves), default=-1)
     if last_leaf >= first_user:
@@ -122,7 +132,8 @@ def _rewrite(rule: Rule, match: Match, outputs: list[fx.Node], ctx: Context) -> 
     if len(new_values) != len(outputs):
         raise AssertionError(f"rule {rule.name}: {len(new_values)} values for {len(outputs)} outputs")
     stale = [n for old, new in zip(outputs, new_values) for n in _rewire(old, new, inside)]
-    erased = _erase_dead(graph, match.nodes + stale)
+    mutations = set(rule.mutations(match)) if rule.mutations else set()
+    erased = _erase_dead(graph, match.nodes + stale, mutations)
     if rule.canonical:
         ctx.report.canonicalized[rule.name] = ctx.report.canonicalized.get(rule.name, 0) + 1
     else:
@@ -155,12 +166,17 @@ def _rewire(old: fx.Node, new, inside: set[fx.Node]) -> list[fx.Node]:
     return stale
 
 
-def _erase_dead(graph: fx.Graph, nodes: list[fx.Node]) -> set[fx.Node]:
-    """Erases the given nodes, and inputs of theirs, once nothing uses them."""
+def _erase_dead(
+    graph: fx.Graph, nodes: list[fx.Node], mutations: set[fx.Node] = frozenset()
+) -> set[fx.Node]:
+    """Erases the given nodes, and inputs of theirs, once nothing uses them; impure nodes only
+    when listed in `mutations` (in-place steps a replacement reproduces)."""
     pending, erased = list(nodes), set()
     while pending:
         node = pending.pop()
-        if node in erased or node.users or node.op != "call_function" or node.is_impure():
+        if node in erased or node.users or node.op != "call_function":
+            continue
+        if node.is_impure() and node not in mutations:
             continue
         inputs = node.all_input_nodes
         graph.erase_node(node)

@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from fxfuse import ops
-from fxfuse.kernels.formats import unpack_mxfp4
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -63,9 +62,7 @@ class QuantLinear(nn.Module):
             out = (x_deq @ (self.weight.float() * w_scale).t()).to(torch.bfloat16)
         else:
             q, scale = ops.quant_mxfp4(x, rounding="even")
-            x_deq = unpack_mxfp4(q, scale)
-            w_deq = unpack_mxfp4(self.weight, self.weight_scale)
-            out = (x_deq @ w_deq.t()).to(torch.bfloat16)
+            out = ops.gemm_mxfp4(q, scale, self.weight, self.weight_scale, torch.bfloat16)
         return out.reshape(*lead, self.out_features)
 
 

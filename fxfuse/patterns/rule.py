@@ -39,6 +39,9 @@ class Rule:
     guard: Guard | None = None
     report_as: str | None = None  # near-misses are filed under this pattern name
     canonical: bool = False  # a canonicalization: counted apart from the fusions
+    # In-place nodes of the match whose effect the replacement reproduces (the `copy_`s into a
+    # `new_empty` buffer): the engine erases them with the match although they are impure.
+    mutations: Callable[[Match], Sequence[fx.Node]] | None = None
 
     @property
     def report_name(self) -> str:

@@ -1,0 +1,213 @@
+"""Quantized GEMMs: the `torch._scaled_mm` spelling becomes the canonical `fxfuse.gemm_fp8`, and
+patterns `rmsnorm_quant_gemm` / `quant_gemm` replace the chains that end in a canonical GEMM
+with one op that picks its kernels by token count at run time (runtime/gemm_ops.py).
+
+Spellings:  out = torch._scaled_mm(q, w.t(), scale_a=s (M, 1), scale_b=ws (1, N), out_dtype=...)
+            (rowwise; tensorwise with scalar scales), and fxfuse.ops.gemm_fp8 / gemm_mxfp4.
+Chains:     rmsnorm_quant_gemm: fused [residual +] RMSNorm → quant (the `rmsnorm_quant` rule's
+            op) whose q and scale feed only this GEMM; quant_gemm: a canonical quant whose
+            q and scale feed only this GEMM.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fxfuse.patterns.matcher import Alt, Any, Getitem, Lit, Match, Maybe, Op
+from fxfuse.patterns.quant import VIEWS
+from fxfuse.patterns.rule import Inserter, Rule, val
+from fxfuse.runtime import gemm_ops  # noqa: F401 - registers torch.ops.fxfuse.gemm_*
+
+fxfuse = torch.ops.fxfuse
+aten = torch.ops.aten
+TRANSPOSES = (aten.t.default, aten.permute.default, aten.transpose.int)
+GEMMS = (fxfuse.gemm_fp8.default, fxfuse.gemm_mxfp4.default)
+NORM_QUANT_ARGS = (
+    "weight_offset", "round_before_weight", "norm_dtype", "reciprocal_sqrt", "quant",
+    "group_size", "fp8_dtype", "quant_eps", "eps_on_scale", "apply_reciprocal",
+    "scale_col_major", "rounding",
+)
+# The prequant GEMM quantizes per token or in 1×128 groups (gemm_a16w8), or MXFP4.
+PREQUANT_FP8_GROUPS = (0, 128)
+
+
+# --- torch._scaled_mm → fxfuse.gemm_fp8 -----------------------------------------------------------
+
+scaled_mm = Op(
+    aten._scaled_mm.default,
+    Any("q"),
+    Any("wt"),
+    Any("scale_a"),
+    Any("scale_b"),
+    bias=Any("bias"),
+    scale_result=Any("scale_result"),
+    out_dtype=Lit("out_dtype"),
+)
+
+
+def _is_transpose(node) -> bool:
+    if not (hasattr(node, "target") and node.target in TRANSPOSES):
+        return False
+    if node.target is aten.permute.default:
+        return list(node.args[1]) == [1, 0]
+    if node.target is aten.transpose.int:
+        return sorted(d % 2 for d in node.args[1:3]) == [0, 1]
+    return True
+
+
+def _scaled_mm_guard(m: Match, ctx) -> str | None:
+    if m["bias"] is not None or m["scale_result"] is not None:
+        return "_scaled_mm with a bias or scale_result"
+    if m["out_dtype"] not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"_scaled_mm out_dtype {m['out_dtype']}, not bf16/fp16/fp32"
+    q, wt, sa, sb = (val(m[k]) for k in ("q", "wt", "scale_a", "scale_b"))
+    if q.dim() != 2 or wt.dim() != 2 or q.dtype != wt.dtype:
+        return "operands are not 2-D FP8 of one dtype"
+    n = wt.shape[1]
+    tensorwise = sa.numel() == 1 and sb.numel() == 1
+    rowwise = tuple(sa.shape) == (q.shape[0], 1) and tuple(sb.shape) == (1, n)
+    if not (tensorwise or rowwise):
+        return f"scales {tuple(sa.shape)} × {tuple(sb.shape)} are neither rowwise nor tensorwise"
+    return None
+
+
+def _scaled_mm_replace(m: Match, ctx, insert: Inserter):
+    wt = m["wt"]
+    w = wt.args[0] if _is_transpose(wt) else insert.call(aten.t.default, (wt,))
+    sa, sb = m["scale_a"], m["scale_b"]
+    if val(sb).numel() == 1:
+        sa = insert.call(aten.reshape.default, (sa, [1]))
+        sb = insert.call(aten.reshape.default, (sb, [1]))
+    else:
+        sb = insert.call(aten.reshape.default, (sb, [val(sb).shape[1], 1]))
+    return [insert.call(fxfuse.gemm_fp8.default, (m["q"], sa, w, sb, m["out_dtype"]))]
+
+
+CANONICAL_RULES = [
+    Rule(
+        name="gemm_fp8",
+        pattern=scaled_mm,
+        outputs=lambda m: [m.root],
+        guard=_scaled_mm_guard,
+        replace=_scaled_mm_replace,
+        report_as="quant_gemm",
+        canonical=True,
+    )
+]
+
+
+# --- chains ending in the canonical GEMM ---------------------------------------------------------
+
+
+def _viewed(pat, name):
+    """`pat`, or a view of it (the rmsnorm_quant rule views q / scale back to the graph's rows)."""
+    return Maybe(lambda p: Op(VIEWS, p, Lit(name)), pat)
+
+
+def _gemm_of(q_pat, scale_pat):
+    return Op(GEMMS, q_pat, scale_pat, Any("w"), Any("w_scale"), Lit("out_dtype"), name="gemm")
+
+
+_nq_lits = [Lit(a) for a in NORM_QUANT_ARGS]
+_fused_norm_quant = Alt(
+    Op(fxfuse.add_rms_norm_quant.default, Any("x"), Any("residual"), Any("norm_w"), Lit("eps"),
+       *_nq_lits, name="fused"),
+    Op(fxfuse.rms_norm_quant.default, Any("x"), Any("norm_w"), Lit("eps"), *_nq_lits,
+       name="fused"),
+)
+NORM_CHAIN = _gemm_of(
+    _viewed(Getitem(_fused_norm_quant, 0), "q_view"),
+    _viewed(Getitem(_fused_norm_quant, 1), "s_view"),
+)
+
+_canonical_quant = Alt(
+    Op(fxfuse.quant_fp8.default, Any("x"), Lit("group_size"), Lit("fp8_dtype"), Lit("quant_eps"),
+       Lit("eps_on_scale"), Lit("apply_reciprocal"), Lit("scale_col_major"), name="quant"),
+    Op(fxfuse.quant_mxfp4.default, Any("x"), Lit("rounding"), name="quant"),
+)
+QUANT_CHAIN = _gemm_of(
+    _viewed(Getitem(_canonical_quant, 0), "q_view"),
+    _viewed(Getitem(_canonical_quant, 1), "s_view"),
+)
+
+
+def _quant_kind(m: Match) -> str:
+    node = m["fused"] if "fused" in m.bindings else m["quant"]
+    if node.target is fxfuse.quant_mxfp4.default:
+        return "mxfp4"
+    if node.target is fxfuse.quant_fp8.default:
+        return "fp8"
+    return m["quant"]
+
+
+def _chain_guard(m: Match, ctx) -> str | None:
+    kind = _quant_kind(m)
+    gemm_kind = "mxfp4" if m.root.target is fxfuse.gemm_mxfp4.default else "fp8"
+    if kind != gemm_kind:
+        return f"{kind} activations feed an {gemm_kind} GEMM"
+    q = val(m.root.args[0])
+    if q.dim() != 2:
+        return "the GEMM's activation is not 2-D"
+    if kind == "fp8":
+        if m["group_size"] not in PREQUANT_FP8_GROUPS:
+            return f"FP8 group size {m['group_size']}: the GEMMs take per-token or 1×128"
+        if val(m["w"]).dtype != m["fp8_dtype"]:
+            return f"weight {val(m['w']).dtype} and activation {m['fp8_dtype']} differ"
+        if m["scale_col_major"]:
+            return "column-major activation scales"
+    x = val(m["x"])
+    if x.shape[-1] != q.shape[-1] * (2 if kind == "mxfp4" else 1):
+        return "the quantized activation is reshaped across its rows"
+    return None
+
+
+def _dispatch_args(m: Match, ctx):
+    return (m["w"], m["w_scale"], m["out_dtype"], int(ctx.config.prologue_quant_max_m))
+
+
+def _norm_chain_outputs(m: Match):
+    fused = m["fused"]
+    return [m.root, fused] if fused.target is fxfuse.add_rms_norm_quant.default else [m.root]
+
+
+def _norm_chain_replace(m: Match, ctx, insert: Inserter):
+    nq = tuple(m[a] for a in NORM_QUANT_ARGS)
+    if m["fused"].target is fxfuse.add_rms_norm_quant.default:
+        node = insert.call(
+            fxfuse.add_rms_norm_quant_gemm.default,
+            (m["x"], m["residual"], m["norm_w"], m["eps"], *nq, *_dispatch_args(m, ctx)),
+        )
+        out, h = insert.outputs(node, 2)
+        return [out, [None, None, h]]
+    node = insert.call(
+        fxfuse.rms_norm_quant_gemm.default,
+        (m["x"], m["norm_w"], m["eps"], *nq, *_dispatch_args(m, ctx)),
+    )
+    return [node]
+
+
+def _quant_chain_replace(m: Match, ctx, insert: Inserter):
+    if m["quant"].target is fxfuse.quant_mxfp4.default:
+        quant = ("mxfp4", 0, torch.float8_e4m3fn, 0.0, False, False, m["rounding"])
+    else:
+        quant = ("fp8", m["group_size"], m["fp8_dtype"], m["quant_eps"], m["eps_on_scale"],
+                 m["apply_reciprocal"], "even")
+    return [insert.call(fxfuse.quant_gemm.default, (m["x"], *quant, *_dispatch_args(m, ctx)))]
+
+
+FUSION_RULES = [
+    Rule(
+        name="rmsnorm_quant_gemm",
+        pattern=NORM_CHAIN,
+        outputs=_norm_chain_outputs,
+        guard=_chain_guard,
+        replace=_norm_chain_replace,
+    ),
+    Rule(
+        name="quant_gemm",
+        pattern=QUANT_CHAIN,
+        outputs=lambda m: [m.root],
+        guard=_chain_guard,
+        replace=_quant_chain_replace,
+    ),
+]

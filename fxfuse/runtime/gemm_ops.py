@@ -1,0 +1,266 @@
+"""torch.library custom ops for the quantized GEMMs and the chains that end in them.
+
+Canonical ops: `gemm_fp8` (rowwise, tensorwise or 1×128 × 128×128 blockscale) and `gemm_mxfp4`,
+what `torch._scaled_mm` and `fxfuse.ops.gemm_*` become. Fused ops: `[add_]rms_norm_quant_gemm`
+and `quant_gemm`, which choose at run time by token count M (ATOM's hand-made choice, made per
+call in one graph):
+
+    M >  prologue_quant_max_m:  [residual +] RMSNorm + quant kernel, then an A8W8 / AFP4WFP4 GEMM
+    M <= prologue_quant_max_m:  [residual +] RMSNorm kernel, then a GEMM that quantizes its
+                                activation tile in registers (A16W8 / A16WFP4 "prequant")
+
+Both sides quantize with the same arithmetic, so the quantized activations are the same bytes.
+Without Triton (CPU, no interpreter) every op runs its torch reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fxfuse.kernels import gemm_ref
+from fxfuse.kernels.rms_norm_quant_ref import quant_fp8_ref, quant_mxfp4_ref
+from fxfuse.runtime import norm_quant_ops
+from fxfuse.runtime.dispatch import use_triton
+
+
+def _fp8_kernels():
+    from fxfuse.kernels import gemm_fp8  # imports triton: only when used
+
+    return gemm_fp8
+
+
+def _mxfp4_kernels():
+    from fxfuse.kernels import gemm_mxfp4
+
+    return gemm_mxfp4
+
+
+# --- canonical GEMMs ----------------------------------------------------------------------------
+
+
+def _gemm_fp8(q, x_scale, w, w_scale, out_dtype):
+    if use_triton(q, w):
+        return _fp8_kernels().gemm_fp8(q, x_scale, w, w_scale, out_dtype)
+    return gemm_ref.gemm_fp8_ref(q, x_scale, w, w_scale, out_dtype)
+
+
+def _gemm_mxfp4(q, x_scale, w, w_scale, out_dtype):
+    if use_triton(q, w):
+        return _mxfp4_kernels().gemm_mxfp4(q, x_scale, w, w_scale, out_dtype)
+    return gemm_ref.gemm_mxfp4_ref(q, x_scale, w, w_scale, out_dtype)
+
+
+@torch.library.custom_op("fxfuse::gemm_fp8", mutates_args=())
+def gemm_fp8(
+    q: torch.Tensor,
+    x_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """(q · x_scale) @ (w · w_scale)ᵀ; w (N, K) fp8, w_scale (N,) | (N, 1) | () | (N/128, K/128)."""
+    return _gemm_fp8(q, x_scale, w, w_scale, out_dtype)
+
+
+@gemm_fp8.register_fake
+def _(q, x_scale, w, w_scale, out_dtype=torch.bfloat16):
+    gemm_ref.check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype)
+    return q.new_empty((q.shape[0], w.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("fxfuse::gemm_mxfp4", mutates_args=())
+def gemm_mxfp4(
+    q: torch.Tensor,
+    x_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """unpack(q, x_scale) @ unpack(w, w_scale)ᵀ; q (M, K/2), w (N, K/2) uint8, e8m0 scales."""
+    return _gemm_mxfp4(q, x_scale, w, w_scale, out_dtype)
+
+
+@gemm_mxfp4.register_fake
+def _(q, x_scale, w, w_scale, out_dtype=torch.bfloat16):
+    gemm_ref.check_gemm_mxfp4_args(q, x_scale, w, w_scale, out_dtype)
+    return q.new_empty((q.shape[0], w.shape[0]), dtype=out_dtype)
+
+
+# --- the prequant GEMMs (activation quantized in the GEMM's prologue) ---------------------------
+
+
+def _prequant_gemm(y, w, w_scale, out_dtype, quant_args):
+    """GEMM of the unquantized rows y whose activation quant happens inside the GEMM."""
+    if quant_args["quant"] == "mxfp4":
+        if use_triton(y, w):
+            return _mxfp4_kernels().gemm_a16wfp4(
+                y, w, w_scale, rounding=quant_args["rounding"], out_dtype=out_dtype
+            )
+        q, s = quant_mxfp4_ref(y, quant_args["rounding"])
+        return gemm_ref.gemm_mxfp4_ref(q, s, w, w_scale, out_dtype)
+    kwargs = {k: quant_args[k] for k in ("group_size", "quant_eps", "eps_on_scale", "apply_reciprocal")}
+    if use_triton(y, w):
+        return _fp8_kernels().gemm_a16w8(y, w, w_scale, out_dtype=out_dtype, **kwargs)
+    q, s = quant_fp8_ref(y, kwargs["group_size"], w.dtype, kwargs["quant_eps"],
+                         kwargs["eps_on_scale"], kwargs["apply_reciprocal"])
+    return gemm_ref.gemm_fp8_ref(q, s, w, w_scale, out_dtype)
+
+
+def _quantized_gemm(q, scale, w, w_scale, out_dtype, quant_args):
+    if quant_args["quant"] == "mxfp4":
+        return _gemm_mxfp4(q, scale, w, w_scale, out_dtype)
+    return _gemm_fp8(q, scale, w, w_scale, out_dtype)
+
+
+def _check_dispatch_args(x, w, quant_args, max_m):
+    if not isinstance(max_m, int) or max_m < 0:
+        raise ValueError(f"prologue_quant_max_m: expected an int >= 0, got {max_m!r}")
+    if x.dim() < 1 or x.shape[-1] == 0:
+        raise ValueError(f"x: expected (..., K) with K > 0, got shape {tuple(x.shape)}")
+    if quant_args["quant"] == "fp8":
+        if quant_args["group_size"] not in (0, 128):
+            raise ValueError(f"group_size: expected 0 or 128, got {quant_args['group_size']}")
+        if w.dtype != quant_args["fp8_dtype"]:
+            raise ValueError(f"w: dtype {w.dtype} differs from the quant's {quant_args['fp8_dtype']}")
+    elif quant_args["quant"] != "mxfp4":
+        raise ValueError(f"quant: expected 'fp8' or 'mxfp4', got {quant_args['quant']!r}")
+
+
+def _norm_quant_gemm(x, residual, weight, eps, norm, quant_args, w, w_scale, out_dtype, max_m):
+    _check_dispatch_args(x, w, quant_args, max_m)
+    if _rows(x) > max_m:
+        q, scale, h = norm_quant_ops._fused(x, residual, weight, eps, norm, quant_args)
+        q, scale = q.reshape(-1, q.shape[-1]), scale.reshape(-1, scale.shape[-1])
+        return _quantized_gemm(q, scale, w, w_scale, out_dtype, quant_args), h
+    y, h = norm_quant_ops._norm(x, weight, eps, residual, norm["weight_offset"],
+                                norm["round_before_weight"], norm["norm_dtype"],
+                                norm["reciprocal_sqrt"])
+    return _prequant_gemm(y.reshape(-1, y.shape[-1]), w, w_scale, out_dtype, quant_args), h
+
+
+def _rows(x: torch.Tensor):
+    """Token count M of an (..., K) activation."""
+    return math.prod(x.shape[:-1])
+
+
+def _gemm_fake(x, w, quant_args, out_dtype, max_m):
+    """(M, N): x (..., K) is flattened to M rows, as the GEMM it replaces saw them."""
+    _check_dispatch_args(x, w, quant_args, max_m)
+    return x.new_empty((_rows(x), w.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("fxfuse::rms_norm_quant_gemm", mutates_args=())
+def rms_norm_quant_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    weight_offset: float,
+    round_before_weight: bool,
+    norm_dtype: torch.dtype | None,
+    reciprocal_sqrt: bool,
+    quant: str,
+    group_size: int,
+    fp8_dtype: torch.dtype,
+    quant_eps: float,
+    eps_on_scale: bool,
+    apply_reciprocal: bool,
+    scale_col_major: bool,
+    rounding: str,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    prologue_quant_max_m: int,
+) -> torch.Tensor:
+    """RMSNorm → quant → GEMM, dispatched by M (module docstring). x (M, K) → (M, N)."""
+    norm, quant_args = norm_quant_ops._norm_quant_args(
+        weight_offset, round_before_weight, norm_dtype, reciprocal_sqrt, quant, group_size,
+        fp8_dtype, quant_eps, eps_on_scale, apply_reciprocal, scale_col_major, rounding)
+    out, _ = _norm_quant_gemm(x, None, weight, eps, norm, quant_args, w, w_scale, out_dtype,
+                              prologue_quant_max_m)
+    return out
+
+
+@rms_norm_quant_gemm.register_fake
+def _(x, weight, eps, *args):
+    *nq, w, w_scale, out_dtype, max_m = args
+    _, quant_args = norm_quant_ops._norm_quant_args(*nq)
+    return _gemm_fake(x, w, quant_args, out_dtype, max_m)
+
+
+@torch.library.custom_op("fxfuse::add_rms_norm_quant_gemm", mutates_args=())
+def add_rms_norm_quant_gemm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    weight_offset: float,
+    round_before_weight: bool,
+    norm_dtype: torch.dtype | None,
+    reciprocal_sqrt: bool,
+    quant: str,
+    group_size: int,
+    fp8_dtype: torch.dtype,
+    quant_eps: float,
+    eps_on_scale: bool,
+    apply_reciprocal: bool,
+    scale_col_major: bool,
+    rounding: str,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    prologue_quant_max_m: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add → RMSNorm → quant → GEMM, dispatched by M: (out, x + residual)."""
+    norm, quant_args = norm_quant_ops._norm_quant_args(
+        weight_offset, round_before_weight, norm_dtype, reciprocal_sqrt, quant, group_size,
+        fp8_dtype, quant_eps, eps_on_scale, apply_reciprocal, scale_col_major, rounding)
+    return _norm_quant_gemm(x, residual, weight, eps, norm, quant_args, w, w_scale, out_dtype,
+                            prologue_quant_max_m)
+
+
+@add_rms_norm_quant_gemm.register_fake
+def _(x, residual, weight, eps, *args):
+    *nq, w, w_scale, out_dtype, max_m = args
+    _, quant_args = norm_quant_ops._norm_quant_args(*nq)
+    return _gemm_fake(x, w, quant_args, out_dtype, max_m), torch.empty_like(x)
+
+
+@torch.library.custom_op("fxfuse::quant_gemm", mutates_args=())
+def quant_gemm(
+    x: torch.Tensor,
+    quant: str,
+    group_size: int,
+    fp8_dtype: torch.dtype,
+    quant_eps: float,
+    eps_on_scale: bool,
+    apply_reciprocal: bool,
+    rounding: str,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    prologue_quant_max_m: int,
+) -> torch.Tensor:
+    """quant → GEMM: the quant kernel then the GEMM above prologue_quant_max_m, the prequant
+    GEMM at or below it."""
+    quant_args = dict(quant=quant, group_size=group_size, fp8_dtype=fp8_dtype,
+                      quant_eps=quant_eps, eps_on_scale=eps_on_scale,
+                      apply_reciprocal=apply_reciprocal, scale_col_major=False, rounding=rounding)
+    _check_dispatch_args(x, w, quant_args, prologue_quant_max_m)
+    x = x.reshape(-1, x.shape[-1])
+    if x.shape[0] <= prologue_quant_max_m:
+        return _prequant_gemm(x, w, w_scale, out_dtype, quant_args)
+    if quant == "mxfp4":
+        q, scale = torch.ops.fxfuse.quant_mxfp4(x, rounding)
+    else:
+        q, scale = torch.ops.fxfuse.quant_fp8(x, group_size, fp8_dtype, quant_eps, eps_on_scale,
+                                              apply_reciprocal, False)
+    return _quantized_gemm(q, scale, w, w_scale, out_dtype, quant_args)
+
+
+@quant_gemm.register_fake
+def _(x, quant, group_size, fp8_dtype, quant_eps, eps_on_scale, apply_reciprocal, rounding, w,
+      w_scale, out_dtype, prologue_quant_max_m):
+    quant_args = dict(quant=quant, group_size=group_size, fp8_dtype=fp8_dtype)
+    return _gemm_fake(x, w, quant_args, out_dtype, prologue_quant_max_m)

@@ -1,0 +1,114 @@
+"""torch.library custom ops for GEMM → split → cat (`torch.ops.fxfuse.gemm_split_cat`, `gemm_split`).
+
+    gemm_split_cat(x, w, d, s1, s2, y) -> (out, c2)
+        c = (x @ wᵀ).view(M, d, s1 + s2);  c1, c2 = split(c, [s1, s2], -1);  out = cat([c1, y], -1)
+        x (M, K), w (N, K) (F.linear layout, any strides), y (M, d, S3) any strides (an expand too);
+        out (M, d, s1 + S3) and c2 (M, d, s2), both contiguous.
+    gemm_split(x, w, d, sizes) -> [pieces]
+        the pieces of split((x @ wᵀ).view(M, d, sum(sizes)), sizes, -1), each (M, d, size) contiguous.
+
+The Triton kernel (kernels/gemm_split_cat.py) runs for bf16 / fp16 on CUDA/ROCm and in the
+interpreter; every other case runs the torch reference (kernels/gemm_split_cat_ref.py), which is
+the unfused spelling itself, so an fp32 call or a CPU run without the interpreter keeps its bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fxfuse.kernels import gemm_split_cat_ref as ref
+from fxfuse.runtime.dispatch import use_triton
+
+# The kernel's dtypes (kernels/gemm_split_cat.py DTYPES; tests check the two agree) and its
+# number of output pieces, kept here so that guards need not import triton.
+KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+MAX_PIECES = 4
+
+
+def _kernels():
+    from fxfuse.kernels import gemm_split_cat as kernels  # imports triton: only when used
+
+    return kernels
+
+
+def _check_gemm(x: torch.Tensor, w: torch.Tensor, d: int) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D (M, K) tensor, got {getattr(x, 'shape', type(x))}")
+    if not x.dtype.is_floating_point:
+        raise ValueError(f"x: expected a floating-point tensor, got {x.dtype}")
+    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+        raise ValueError(f"w: expected a 2-D (N, K) tensor, got {getattr(w, 'shape', type(w))}")
+    if w.dtype != x.dtype:
+        raise ValueError(f"w: dtype {w.dtype} differs from x's {x.dtype}")
+    if w.device != x.device:
+        raise ValueError(f"w: on {w.device}, x on {x.device}")
+    if w.shape[1] != x.shape[1]:
+        raise ValueError(f"w: K = {w.shape[1]} differs from x's K = {x.shape[1]}")
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+        raise ValueError(f"d: expected a positive int, got {d!r}")
+
+
+def _check_split_cat(x, w, d, s1, s2, y) -> None:
+    _check_gemm(x, w, d)
+    for name, value in (("s1", s1), ("s2", s2)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}: expected a non-negative int, got {value!r}")
+    if s1 + s2 == 0:
+        raise ValueError("s1: s1 + s2 must be positive")
+    if w.shape[0] != d * (s1 + s2):
+        raise ValueError(f"w: has {w.shape[0]} rows, expected d·(s1 + s2) = {d * (s1 + s2)}")
+    if not isinstance(y, torch.Tensor) or y.dim() != 3:
+        raise ValueError(f"y: expected a 3-D (M, d, S3) tensor, got {getattr(y, 'shape', type(y))}")
+    if y.shape[0] != x.shape[0] or y.shape[1] != d:
+        raise ValueError(f"y: expected shape ({x.shape[0]}, {d}, S3), got {tuple(y.shape)}")
+    if y.dtype != x.dtype:
+        raise ValueError(f"y: dtype {y.dtype} differs from x's {x.dtype}")
+    if y.device != x.device:
+        raise ValueError(f"y: on {y.device}, x on {x.device}")
+
+
+def _check_split(x, w, d, sizes) -> None:
+    _check_gemm(x, w, d)
+    if not isinstance(sizes, (list, tuple)) or not 1 <= len(sizes) <= MAX_PIECES:
+        raise ValueError(f"sizes: expected 1 to {MAX_PIECES} sizes, got {sizes!r}")
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes) or not sum(sizes):
+        raise ValueError(f"sizes: expected non-negative ints with a positive sum, got {sizes}")
+    if w.shape[0] != d * sum(sizes):
+        raise ValueError(f"w: has {w.shape[0]} rows, expected d·sum(sizes) = {d * sum(sizes)}")
+
+
+def _on_kernel(*tensors: torch.Tensor) -> bool:
+    return tensors[0].dtype in KERNEL_DTYPES and use_triton(*tensors)
+
+
+@torch.library.custom_op("fxfuse::gemm_split_cat", mutates_args=())
+def gemm_split_cat(
+    x: torch.Tensor, w: torch.Tensor, d: int, s1: int, s2: int, y: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cat([c1, y], -1), c2) of c1, c2 = split((x @ wᵀ).view(M, d, s1 + s2), [s1, s2], -1)."""
+    _check_split_cat(x, w, d, s1, s2, y)
+    if _on_kernel(x, w, y):
+        return _kernels().gemm_split_cat(x, w, d, s1, s2, y)
+    return ref.gemm_split_cat_ref(x, w, d, s1, s2, y)
+
+
+@gemm_split_cat.register_fake
+def _(x, w, d, s1, s2, y):
+    _check_split_cat(x, w, d, s1, s2, y)
+    m = x.shape[0]
+    return x.new_empty((m, d, s1 + y.shape[2])), x.new_empty((m, d, s2))
+
+
+@torch.library.custom_op("fxfuse::gemm_split", mutates_args=())
+def gemm_split(x: torch.Tensor, w: torch.Tensor, d: int, sizes: list[int]) -> list[torch.Tensor]:
+    """The pieces of split((x @ wᵀ).view(M, d, sum(sizes)), sizes, -1), each contiguous."""
+    _check_split(x, w, d, sizes)
+    if _on_kernel(x, w):
+        return list(_kernels().gemm_split(x, w, d, list(sizes)))
+    return list(ref.gemm_split_ref(x, w, d, list(sizes)))
+
+
+@gemm_split.register_fake
+def _(x, w, d, sizes):
+    _check_split(x, w, d, sizes)
+    return [x.new_empty((x.shape[0], d, size)) for size in sizes]

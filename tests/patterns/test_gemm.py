@@ -1,0 +1,212 @@
+"""Patterns `rmsnorm_quant_gemm` and `quant_gemm`, the `_scaled_mm` canonicalization and the
+run-time token-count dispatch (SPEC §3, §5)."""
+
+import pytest
+import torch
+
+import fxfuse
+from fxfuse import ops
+from fxfuse.kernels import gemm_ref
+from fxfuse.models.quant_linear import QuantLinear
+from tests.helpers import fused_targets
+
+K, N = 128, 48
+M_VALUES = (1, 4, 31, 32, 33, 200)  # both sides of prologue_quant_max_m = 32
+
+
+class NormLinear(torch.nn.Module):
+    """[residual +] Llama RMSNorm, then a torch-spelled quantized linear."""
+
+    def __init__(self, quant="fp8_rowwise", residual=True):
+        super().__init__()
+        self.residual = residual
+        self.weight = torch.nn.Parameter((1 + 0.1 * torch.randn(K)).to(torch.bfloat16))
+        self.proj = QuantLinear(torch.randn(N, K) / K**0.5, quant)
+
+    def forward(self, x, r):
+        h = x + r if self.residual else x
+        var = h.float().pow(2).mean(-1, keepdim=True)
+        y = (h.float() * torch.rsqrt(var + 1e-6)).to(torch.bfloat16) * self.weight
+        return self.proj(y), h
+
+
+class QuantOnly(torch.nn.Module):
+    def __init__(self, quant="fp8_rowwise"):
+        super().__init__()
+        self.proj = QuantLinear(torch.randn(N, K) / K**0.5, quant)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def _inputs(m, lead=()):
+    shape = (*lead, m, K)
+    return torch.randn(shape).to(torch.bfloat16), torch.randn(shape).to(torch.bfloat16)
+
+
+def _rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+def _expected_fp8(model, x, r):
+    """float64 GEMM of the unfused graph's own quantized activation (SPEC §5's reference)."""
+    h = x + r if model.residual else x
+    var = h.float().pow(2).mean(-1, keepdim=True)
+    y = (h.float() * torch.rsqrt(var + 1e-6)).to(torch.bfloat16) * model.weight
+    q, s = ops.quant_fp8(y.reshape(-1, K))
+    w, ws = model.proj.weight, model.proj.weight_scale.reshape(-1, 1)
+    return gemm_ref.gemm_fp8_ref(q, s, w, ws, torch.float64, torch.float64)
+
+
+@pytest.mark.parametrize("quant", ["fp8_rowwise", "mxfp4"])
+@pytest.mark.parametrize("residual", [True, False])
+def test_norm_chain_fires_and_matches(reference_path, quant, residual):
+    model = NormLinear(quant, residual)
+    x, r = _inputs(6, lead=(2,))
+    fused = fxfuse.apply_fusions(model, (x, r))
+    report = fused.fxfuse_report
+    assert report.counts["rmsnorm_quant_gemm"] == 1
+    op = "add_rms_norm_quant_gemm" if residual else "rms_norm_quant_gemm"
+    assert f"fxfuse.{op}.default" in fused_targets(fused)
+    assert not any(t in fused_targets(fused) for t in
+                   ("fxfuse.gemm_fp8.default", "fxfuse.gemm_mxfp4.default"))
+    out, h = fused(x, r)
+    ref_out, ref_h = model(x, r)
+    assert torch.equal(h, ref_h)
+    assert _rel(out, ref_out) <= 1e-2
+    if quant == "fp8_rowwise":
+        assert _rel(out.reshape(-1, N), _expected_fp8(model, x, r)) <= 1e-2
+
+
+@pytest.mark.parametrize("quant", ["fp8_rowwise", "mxfp4"])
+def test_quant_chain_fires_and_matches(reference_path, quant):
+    model = QuantOnly(quant)
+    x, _ = _inputs(40)
+    fused = fxfuse.apply_fusions(model, (x,))
+    assert fused.fxfuse_report.counts["quant_gemm"] == 1
+    assert "fxfuse.quant_gemm.default" in fused_targets(fused)
+    assert _rel(fused(x), model(x)) <= 1e-2
+
+
+@pytest.mark.parametrize("path", ["reference", "interpreter"])
+def test_one_graph_dynamic_m_both_sides_of_dispatch(monkeypatch, path):
+    monkeypatch.setenv("TRITON_INTERPRET", "1" if path == "interpreter" else "0")
+    model = NormLinear("fp8_rowwise")
+    rows = torch.export.Dim("rows", min=1, max=4096)
+    x, r = _inputs(8)
+    fused = fxfuse.apply_fusions(model, (x, r), dynamic_shapes=({0: rows}, {0: rows}))
+    assert fused.fxfuse_report.counts["rmsnorm_quant_gemm"] == 1
+    for m in M_VALUES:
+        x, r = _inputs(m)
+        out, h = fused(x, r)
+        assert out.shape == (m, N)
+        assert torch.equal(h, x + r)
+        assert _rel(out, _expected_fp8(model, x, r)) <= 1e-2, m
+
+
+@pytest.mark.parametrize("group_size", [0, 128])
+def test_dispatch_sides_quantize_identically(group_size):
+    # Interpreter: the prequant GEMM's in-register quant equals the fused norm-quant kernel's.
+    from fxfuse.kernels.gemm_fp8 import gemm_a16w8
+    from fxfuse.kernels.rms_norm_quant import rms_norm, rms_norm_quant
+
+    x, r = _inputs(33)
+    w_norm = (1 + 0.1 * torch.randn(K)).to(torch.bfloat16)
+    w = (torch.randn(N, K) * 8).clamp(-448, 448).to(torch.float8_e4m3fn)
+    w_scale = torch.rand(N, 1) + 0.5 if not group_size else torch.rand(1, 1) + 0.5
+    q, s, _, _ = rms_norm_quant(x, w_norm, 1e-6, r, quant="fp8", group_size=group_size)
+    y, _ = rms_norm(x, w_norm, 1e-6, r)
+    _, pre_q, pre_s = gemm_a16w8(y, w, w_scale, group_size=group_size, return_quant=True)
+    assert torch.equal(pre_q.view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(pre_s, s)
+
+
+def test_dispatch_sides_give_the_same_outputs(reference_path):
+    model = NormLinear("fp8_rowwise")
+    x, r = _inputs(33)
+    small = fxfuse.apply_fusions(model, (x, r), config=fxfuse.FusionConfig(prologue_quant_max_m=64))
+    large = fxfuse.apply_fusions(model, (x, r), config=fxfuse.FusionConfig(prologue_quant_max_m=0))
+    assert torch.equal(small(x, r)[0], large(x, r)[0])
+
+
+# --- near-misses ---------------------------------------------------------------------------------
+
+
+class SharedQuant(NormLinear):
+    """The quantized activation also leaves the graph: the GEMM cannot absorb the quant."""
+
+    def forward(self, x, r):
+        h = x + r
+        var = h.float().pow(2).mean(-1, keepdim=True)
+        y = (h.float() * torch.rsqrt(var + 1e-6)).to(torch.bfloat16) * self.weight
+        y = y.reshape(-1, K)
+        q, s = ops.quant_fp8(y)
+        w, ws = self.proj.weight, self.proj.weight_scale.reshape(-1, 1)
+        return ops.gemm_fp8(q, s, w, ws), q
+
+
+class BiasedScaledMM(QuantOnly):
+    def forward(self, x):
+        amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-10)
+        scale = amax / 448.0
+        q = (x.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        bias = torch.ones(N, dtype=torch.bfloat16)
+        return torch._scaled_mm(q, self.proj.weight.t(), scale_a=scale,
+                                scale_b=self.proj.weight_scale, bias=bias,
+                                out_dtype=torch.bfloat16)
+
+
+def test_quant_with_another_user_does_not_fuse_the_gemm(reference_path):
+    model = SharedQuant()
+    x, r = _inputs(5)
+    fused = fxfuse.apply_fusions(model, (x, r))
+    report = fused.fxfuse_report
+    assert report.counts["rmsnorm_quant_gemm"] == 0
+    assert report.counts["rmsnorm_quant"] == 1
+    assert any(p == "rmsnorm_quant_gemm" and "other users" in why for p, _, why in report.rejected)
+    out, q = fused(x, r)
+    ref_out, ref_q = model(x, r)
+    assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+    assert _rel(out, ref_out) <= 1e-2
+
+
+def test_scaled_mm_with_bias_is_left_alone(reference_path):
+    model = BiasedScaledMM()
+    x, _ = _inputs(5)
+    fused = fxfuse.apply_fusions(model, (x,))
+    report = fused.fxfuse_report
+    assert report.counts["quant_gemm"] == 0
+    assert any("bias" in why for p, _, why in report.rejected if p == "quant_gemm")
+    assert "aten._scaled_mm.default" in [str(n.target) for n in fused.graph.nodes]
+    assert torch.equal(fused(x), model(x))
+
+
+def test_disabled_pattern_keeps_the_norm_quant_fusion(reference_path):
+    model = NormLinear("fp8_rowwise")
+    x, r = _inputs(5)
+    config = fxfuse.FusionConfig(disable=("rmsnorm_quant_gemm",))
+    fused = fxfuse.apply_fusions(model, (x, r), config=config)
+    assert fused.fxfuse_report.counts.get("rmsnorm_quant_gemm", 0) == 0
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1
+    assert "fxfuse.gemm_fp8.default" in fused_targets(fused)
+
+
+def test_torch_compile_backend_fuses_the_chain(reference_path):
+    model = NormLinear("fp8_rowwise").requires_grad_(False)
+    x, r = _inputs(7)
+    compiled = torch.compile(model, backend="fxfuse")
+    out, h = compiled(x, r)
+    assert fxfuse.last_report().counts["rmsnorm_quant_gemm"] == 1
+    assert _rel(out, model(x, r)[0]) <= 1e-2
+
+
+def test_bad_dispatch_argument_names_it():
+    x = torch.randn(4, K).to(torch.bfloat16)
+    w = torch.zeros(N, K, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="prologue_quant_max_m"):
+        torch.ops.fxfuse.quant_gemm(x, "fp8", 0, torch.float8_e4m3fn, 1e-10, False, False, "even",
+                                    w, torch.ones(N, 1), torch.bfloat16, -1)
+    with pytest.raises(ValueError, match="group_size"):
+        torch.ops.fxfuse.quant_gemm(x, "fp8", 64, torch.float8_e4m3fn, 1e-10, False, False, "even",
+                                    w, torch.ones(N, 1), torch.bfloat16, 32)
