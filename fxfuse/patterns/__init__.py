@@ -4,8 +4,12 @@ CANONICAL_RULES turn spellings into canonical ops; FUSION_RULES (in order) repla
 canonical ops with fused kernels. Adding a spelling is an edit to one family's module.
 """
 
-from fxfuse.patterns import quant, rms_norm, rms_norm_quant
+from fxfuse.patterns import (
+    gemm, gemm_split_cat, quant, rms_norm, rms_norm_quant,
+)
 
-CANONICAL_RULES = rms_norm.RULES + quant.RULES
+CANONICAL_RULES = rms_norm.RULES + quant.RULES + gemm.CANONICAL_RULES
 CANONICAL_TARGETS = quant.CANONICAL_TARGETS
-FUSION_RULES = rms_norm_quant.RULES
+FUSION_RULES = (
+    rms_norm_quant.RULES + gemm.FUSION_RULES + gemm_split_cat.RULES
+)
