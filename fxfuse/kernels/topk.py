@@ -31,7 +31,9 @@ union (STAGE_MERGE). Ties stay exact: the merge breaks them by index bits.
 
 Layouts: scores (R, L) any strides; lengths / row_starts / row_to_batch / positions (R,) or
 (Q,) int32 / int64; page_table (B, P) int32 / int64, any strides. Outputs int32 (R, k), block
-pages (R, k·ppb), ctx (R,); masks (R, L·block_size) bool or float.
+pages (R, k·ppb), ctx (R,); masks (R, L·block_size) bool or float, any two values (stored as bit
+patterns). A masked row (LEN_MASKED: a graph that set the scores past lengths[r] to -inf before
+its top-k) spans all L columns but reads only the first lengths[r]; the rest rank as -inf.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ STAGE_MERGE = tl.constexpr(2)      # split rows, pass 2: top-k of each row's seg
 LEN_FULL = tl.constexpr(0)         # every row is L long
 LEN_ARRAY = tl.constexpr(1)        # lengths[r]
 LEN_POSITIONS = tl.constexpr(2)    # block tables: last eligible block = positions[q] >> LOG2_BLOCK
+LEN_MASKED = tl.constexpr(3)       # L long, columns from lengths[r] on rank as -inf (a masked row)
 
 EPI_INDICES = tl.constexpr(0)
 EPI_PAGES = tl.constexpr(1)
@@ -66,6 +69,7 @@ SORT_VALUE = tl.constexpr(1)       # values descending, lower index first among 
 SORT_INDEX = tl.constexpr(2)       # indices ascending (block tables)
 
 FORCED_KEY = tl.constexpr(0xFFFFFFFE)
+NEG_INF_KEY = tl.constexpr(0x007FFFFF)  # _ordered_key(-inf)
 INDEX_MASK = tl.constexpr(0x7FFFFFFF)  # tie passes rank by INDEX_MASK - index: lower index higher
 INDEX_BITS = tl.constexpr(31)
 
@@ -171,18 +175,19 @@ def _compact(
 
 @triton.jit
 def _stream(
-    scores_ptr, row_off, stride_sl, n, idx_base, keys_ptr, idx_ptr, buf0, buf1, k,
+    scores_ptr, row_off, stride_sl, n, n_load, idx_base, keys_ptr, idx_ptr, buf0, buf1, k,
     last, n_init, n_local,
     FORCED: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
 ):
     """Candidates of scores[row_off + i·stride_sl], i < n (indices idx_base + i) into a buffer;
-    returns (count, its offset, the other buffer's offset)."""
+    elements n_load <= i < n are not read and rank as -inf. Returns (count, its offset, the other
+    buffer's offset)."""
     offs0 = tl.arange(0, BLOCK)
     count = 0
     lo = tl.full((), 1, tl.uint32)  # every real key is >= 1
     src = buf0
     dst = buf1
-    x_next = tl.load(scores_ptr + row_off + offs0 * stride_sl, mask=offs0 < n, other=0.0)
+    x_next = tl.load(scores_ptr + row_off + offs0 * stride_sl, mask=offs0 < n_load, other=0.0)
     start = 0
     while start < n:
         offs = start + offs0
@@ -191,9 +196,10 @@ def _stream(
         # Issue the next chunk's load before this chunk's work: it overlaps it.
         offs_next = offs + BLOCK
         x_next = tl.load(
-            scores_ptr + row_off + offs_next * stride_sl, mask=offs_next < n, other=0.0
+            scores_ptr + row_off + offs_next * stride_sl, mask=offs_next < n_load, other=0.0
         )
         key = _ordered_key(x, valid)
+        key = tl.where(valid & (offs >= n_load), NEG_INF_KEY, key)
         idx = idx_base + offs
         if FORCED:
             forced = valid & ((idx < n_init) | (idx > last - n_local))
@@ -282,7 +288,8 @@ def _finish(
     stride_or, stride_pr, stride_ptb, stride_ptp,
     EPILOGUE: tl.constexpr, SORT: tl.constexpr, HAS_ROW_TO_BATCH: tl.constexpr,
     LOG2_PAGE: tl.constexpr, LOG2_BLOCK: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr, MASK_REPEAT: tl.constexpr, K_PAD: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr, MASK_REPEAT: tl.constexpr, MASK_SELECTED: tl.constexpr,
+    K_PAD: tl.constexpr,
 ):
     tl.debug_barrier()  # the selected slots were written by other threads
     offs = tl.arange(0, K_PAD)
@@ -313,7 +320,7 @@ def _finish(
             page_table_ptr + batch * stride_ptb + page * stride_ptp, mask=ok, other=0
         ).to(tl.int32)
         token = (phys << LOG2_PAGE) | (idx & ((1 << LOG2_PAGE) - 1))
-        tl.store(out_row + offs, tl.where(ok, token, -1), mask=slot_ok)
+        tl.store(out_row + offs, tl.where(ok, token, pad), mask=slot_ok)
     elif EPILOGUE == EPI_BLOCKS:
         tl.store(out_row + offs, tl.where(valid, idx, -1), mask=slot_ok)
         if PAGES_PER_BLOCK > 0:
@@ -334,9 +341,9 @@ def _finish(
     elif EPILOGUE == EPI_MASK:
         REPEAT_PAD: tl.constexpr = triton.next_power_of_2(MASK_REPEAT)
         j = tl.arange(0, REPEAT_PAD)[None, :]
-        zero = tl.zeros((K_PAD, REPEAT_PAD), out_ptr.dtype.element_ty)
+        selected = tl.full((K_PAD, REPEAT_PAD), MASK_SELECTED, out_ptr.dtype.element_ty)
         tl.store(
-            out_row + idx[:, None] * MASK_REPEAT + j, zero,
+            out_row + idx[:, None] * MASK_REPEAT + j, selected,
             mask=valid[:, None] & (j < MASK_REPEAT),
         )
     elif EPILOGUE == EPI_PAIRS:
@@ -364,6 +371,7 @@ def _topk_kernel(
     HAS_ROW_TO_BATCH: tl.constexpr, EPILOGUE: tl.constexpr, SORT: tl.constexpr,
     LOG2_PAGE: tl.constexpr, LOG2_BLOCK: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr, MASK_REPEAT: tl.constexpr, MASK_FILL: tl.constexpr,
+    MASK_SELECTED: tl.constexpr,
     # meta-parameters
     BLOCK: tl.constexpr, CAP: tl.constexpr, K_PAD: tl.constexpr, RADIX_BITS: tl.constexpr,
 ):
@@ -387,7 +395,7 @@ def _topk_kernel(
         n = length
         p = 0
         last = 0
-        if LENGTHS == LEN_ARRAY:
+        if (LENGTHS == LEN_ARRAY) | (LENGTHS == LEN_MASKED):
             n = tl.load(lengths_ptr + row).to(tl.int32)
         elif LENGTHS == LEN_POSITIONS:
             p = tl.load(positions_ptr + row // NUM_KV_HEADS).to(tl.int32)
@@ -397,6 +405,9 @@ def _topk_kernel(
         if HAS_STARTS:
             start = tl.minimum(tl.maximum(tl.load(starts_ptr + row).to(tl.int32), 0), length)
         n = tl.minimum(tl.maximum(n, 0), length - start)
+        n_load = n  # the first n_load of the row's n elements are read; the rest rank as -inf
+        if LENGTHS == LEN_MASKED:
+            n = length - start
 
         if EPILOGUE == EPI_MASK:
             # Everything masked first; the selected columns are cleared in _finish.
@@ -419,9 +430,11 @@ def _topk_kernel(
             if STAGE == STAGE_SEGMENT:
                 idx_base = (item % num_segments) * seg_len
                 n = tl.minimum(tl.maximum(n - idx_base, 0), seg_len)
+                n_load = tl.minimum(tl.maximum(n_load - idx_base, 0), seg_len)
             row_off = row64 * stride_sr + tl.cast(start + idx_base, tl.int64) * stride_sl
             count, src, dst = _stream(
-                scores_ptr, row_off, stride_sl, n, idx_base, keys_ptr, idx_ptr, buf0, buf1, k,
+                scores_ptr, row_off, stride_sl, n, n_load, idx_base, keys_ptr, idx_ptr, buf0, buf1,
+                k,
                 last, n_init, n_local,
                 LENGTHS == LEN_POSITIONS, CAP, BLOCK, RADIX_BITS,
             )
@@ -431,7 +444,7 @@ def _topk_kernel(
             out_ptr, pages_ptr, ctx_ptr, page_table_ptr, row_to_batch_ptr, pt_cols,
             stride_or, stride_pr, stride_ptb, stride_ptp,
             EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, LOG2_BLOCK, PAGES_PER_BLOCK,
-            NUM_KV_HEADS, MASK_REPEAT, K_PAD,
+            NUM_KV_HEADS, MASK_REPEAT, MASK_SELECTED, K_PAD,
         )
         item += num_programs
 
@@ -446,7 +459,6 @@ CONFIG_FIELDS = ("BLOCK", "RADIX_BITS", "PROGRAMS_PER_SM", "num_warps")
 OVERRIDE_FIELDS = (*CONFIG_FIELDS, "SEGMENTS")
 MAX_K = 2048
 INDEX_DTYPES = (torch.int32, torch.int64)
-MASK_KINDS = ("bool", "additive")
 # The interpreter runs programs one after another: a small persistent grid suffices.
 CPU_PROGRAMS = 2
 
@@ -480,6 +492,11 @@ def _check_rows(name: str, t, num_rows: int, device: torch.device) -> None:
         raise ValueError(f"{name}: expected a 1-D tensor of {num_rows} entries, got {shape}")
     if t.dtype not in INDEX_DTYPES or t.device != device:
         raise ValueError(f"{name}: expected int32 / int64 on {device}, got {t.dtype} on {t.device}")
+
+
+def _check_pad(pad) -> None:
+    if not isinstance(pad, int) or isinstance(pad, bool) or not -(2**31) <= pad < 2**31:
+        raise ValueError(f"pad: expected an int32 value, got {pad!r}")
 
 
 def _check_power_of_two(name: str, value) -> int:
@@ -538,7 +555,7 @@ def _launch(
     scores, k, out, *, epilogue, sort, lengths=None, row_starts=None, positions=None,
     pad=-1, page_table=None, page_size=1, row_to_batch=None, block_size=128, n_init=0,
     n_local=0, pages_per_block=0, num_kv_heads=1, pages=None, ctx=None, mask_repeat=1,
-    mask_fill=1,
+    mask_fill=1, mask_selected=0, masked_tail=False,
     config=None, target=None,
 ):  # fmt: skip
     rows, length = scores.shape
@@ -560,7 +577,7 @@ def _launch(
     idx = torch.empty(scratch, dtype=torch.int32, device=device)
 
     dummy = out  # unused pointers: the constexpr switches never touch them
-    lengths_mode = 0 if lengths is None else 1
+    lengths_mode = 0 if lengths is None else (3 if masked_tail else 1)
     if positions is not None:
         lengths_mode = 2
     page_strides = (0, 0) if page_table is None else page_table.stride()
@@ -574,6 +591,7 @@ def _launch(
         "NUM_KV_HEADS": num_kv_heads,
         "MASK_REPEAT": mask_repeat,
         "MASK_FILL": mask_fill,
+        "MASK_SELECTED": mask_selected,
         "BLOCK": block,
         "K_PAD": k_pad,
         "RADIX_BITS": radix,
@@ -641,8 +659,7 @@ def topk_indices(
     rows = scores.shape[0]
     _check_rows("lengths", lengths, rows, scores.device)
     _check_rows("row_starts", row_starts, rows, scores.device)
-    if not isinstance(pad, int) or not -(2**31) <= pad < 2**31:
-        raise ValueError(f"pad: expected an int32 value, got {pad!r}")
+    _check_pad(pad)
     if _use_reference(scores.device):
         return topk_ref.topk_indices_ref(scores, k, lengths, row_starts, sorted, pad)
     out = torch.empty((rows, k), dtype=torch.int32, device=scores.device)
@@ -664,15 +681,17 @@ def topk_page_transform(
     row_starts: torch.Tensor | None = None,
     row_to_batch: torch.Tensor | None = None,
     sorted: bool = False,
+    pad: int = -1,
     *,
     config: dict | None = None,
     target: str | None = None,
 ) -> torch.Tensor:
     """Top-k per row, indices mapped through the page table (DeepSeek-V3.2 / GLM-5 DSA):
-    out = pt[b, i >> log2(ps)] << log2(ps) | (i & (ps - 1)), padding -1
+    out = pt[b, i >> log2(ps)] << log2(ps) | (i & (ps - 1)), `pad` elsewhere
     (`topk_ref.topk_page_transform_ref`)."""
     _check_scores("scores", scores)
     _check_k(k)
+    _check_pad(pad)
     rows = scores.shape[0]
     if lengths is None:
         raise ValueError("lengths: required for the page transform, got None")
@@ -697,7 +716,7 @@ def topk_page_transform(
         )
     if _use_reference(scores.device):
         return topk_ref.topk_page_transform_ref(
-            scores, k, lengths, page_table, page_size, row_starts, row_to_batch, sorted
+            scores, k, lengths, page_table, page_size, row_starts, row_to_batch, sorted, pad
         )
     out = torch.empty((rows, k), dtype=torch.int32, device=scores.device)
     if rows:
@@ -705,7 +724,7 @@ def topk_page_transform(
             scores, k, out, epilogue=EPI_PAGES.value,
             sort=SORT_VALUE.value if sorted else SORT_NONE.value,
             lengths=lengths, row_starts=row_starts, page_table=page_table, page_size=page_size,
-            row_to_batch=row_to_batch, config=config, target=target,
+            row_to_batch=row_to_batch, pad=pad, config=config, target=target,
         )  # fmt: skip
     return out
 
@@ -791,41 +810,45 @@ def topk_mask(
     block_size: int = 1,
     *,
     dtype: torch.dtype | None = None,
+    masked_value: bool | float | None = None,
+    selected_value: bool | float | None = None,
+    masked_tail: bool = False,
     config: dict | None = None,
     target: str | None = None,
 ) -> torch.Tensor:
-    """The top-k of each row scattered into a mask (R, L·block_size): bool True where masked out,
-    or additive 0 / -inf in `dtype` (default scores.dtype) (`topk_ref.topk_mask_ref`)."""
+    """The top-k of each row scattered into a mask (R, L·block_size) (`topk_ref.topk_mask_ref`
+    has the contract): kind "bool" True where masked out, "keep" True where selected, "additive"
+    0 where selected and -inf elsewhere in `dtype` (default scores.dtype); masked_value /
+    selected_value override the kind's two values. masked_tail: columns past lengths[r] are
+    -inf candidates (the graph masked the scores) instead of absent."""
     _check_scores("scores", scores)
     _check_k(k)
     rows, length = scores.shape
     _check_rows("lengths", lengths, rows, scores.device)
-    if kind not in MASK_KINDS:
-        raise ValueError(f"kind: expected one of {MASK_KINDS}, got {kind!r}")
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
         raise ValueError(f"block_size: expected a positive int, got {block_size!r}")
-    if kind == "additive":
-        dtype = dtype or scores.dtype
-        if dtype not in topk_ref.FLOAT_DTYPES:
-            raise ValueError(f"dtype: expected one of {topk_ref.FLOAT_DTYPES}, got {dtype}")
-    elif dtype not in (None, torch.bool):
-        raise ValueError(f"dtype: a bool mask is torch.bool, got {dtype}")
+    dtype, masked_value, selected_value = topk_ref.mask_values(
+        kind, scores.dtype, dtype, masked_value, selected_value
+    )
+    if masked_tail and lengths is None:
+        raise ValueError("masked_tail: needs lengths")
     if _use_reference(scores.device):
-        return topk_ref.topk_mask_ref(scores, k, lengths, kind, block_size, dtype)
+        return topk_ref.topk_mask_ref(
+            scores, k, lengths, kind, block_size, dtype, masked_value, selected_value, masked_tail
+        )
     width = length * block_size
-    # The kernel stores bit patterns (masked: True / -inf, selected: all zero bits) through an
-    # integer view: no float conversion in the kernel.
-    if kind == "bool":
-        mask = torch.empty((rows, width), dtype=torch.bool, device=scores.device)
-        out, fill = mask.view(torch.uint8), 1
-    else:
-        mask = torch.empty((rows, width), dtype=dtype, device=scores.device)
-        int_dtype = {2: torch.int16, 4: torch.int32}[mask.element_size()]
-        out = mask.view(int_dtype)
-        fill = torch.tensor(float("-inf"), dtype=dtype).view(int_dtype).item()
+    mask = torch.empty((rows, width), dtype=dtype, device=scores.device)
+    # The kernel stores the two values' bit patterns through an integer view: no float
+    # conversion in the kernel.
+    int_dtype = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[mask.element_size()]
+    out = mask.view(int_dtype)
+    fill, selected = (
+        torch.tensor(v, dtype=dtype).view(int_dtype).item() for v in (masked_value, selected_value)
+    )
     if rows and width:
         _launch(
             scores, k, out, epilogue=EPI_MASK.value, sort=SORT_NONE.value, lengths=lengths,
-            mask_repeat=block_size, mask_fill=fill, config=config, target=target,
+            mask_repeat=block_size, mask_fill=fill, mask_selected=selected,
+            masked_tail=masked_tail, config=config, target=target,
         )  # fmt: skip
     return mask

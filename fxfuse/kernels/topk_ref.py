@@ -107,11 +107,12 @@ def page_transform_ref(
     page_table: torch.Tensor,
     page_size: int,
     row_to_batch: torch.Tensor | None = None,
+    pad: int = -1,
 ) -> torch.Tensor:
     """out = pt[b, i >> log2(ps)] << log2(ps) | (i & (ps - 1)), b = row_to_batch[r] (else r).
 
-    Negative indices (padding) stay -1, and so does an index whose page lies past the table's
-    last column (the kernels never read outside the table).
+    Negative indices (padding) become `pad`, and so does an index whose page lies past the
+    table's last column (the kernels never read outside the table).
     """
     shift = page_size.bit_length() - 1
     idx = indices.to(torch.int64)
@@ -128,7 +129,7 @@ def page_transform_ref(
     # int32 arithmetic, as the kernels do it (a physical page id << shift may wrap).
     phys = phys.to(torch.int32)
     out = (phys << shift) | (idx & (page_size - 1)).to(torch.int32)
-    return torch.where(ok, out, -1).to(torch.int32)
+    return torch.where(ok, out, pad).to(torch.int32)
 
 
 def topk_page_transform_ref(
@@ -140,10 +141,12 @@ def topk_page_transform_ref(
     row_starts: torch.Tensor | None = None,
     row_to_batch: torch.Tensor | None = None,
     sorted: bool = False,
+    pad: int = -1,
 ) -> torch.Tensor:
-    """DeepSeek-V3.2 / GLM-5 DSA: top-k per row, then the page-table transform of the indices."""
+    """DeepSeek-V3.2 / GLM-5 DSA: top-k per row, then the page-table transform of the indices
+    (padding and indices past the table: `pad`)."""
     idx = topk_indices_ref(scores, k, lengths, row_starts, sorted)
-    return page_transform_ref(idx, page_table, page_size, row_to_batch)
+    return page_transform_ref(idx, page_table, page_size, row_to_batch, pad)
 
 
 def topk_block_table_ref(
@@ -201,6 +204,45 @@ def topk_block_table_ref(
     return blocks.to(torch.int32), pages, ctx.to(torch.int32)
 
 
+MASK_KINDS = ("bool", "keep", "additive")
+
+
+def mask_values(
+    kind: str,
+    scores_dtype: torch.dtype,
+    dtype: torch.dtype | None = None,
+    masked_value: bool | float | None = None,
+    selected_value: bool | float | None = None,
+) -> tuple[torch.dtype, bool | float, bool | float]:
+    """(mask dtype, masked value, selected value) of a mask kind, checked: "bool" (True, False),
+    "keep" (False, True), "additive" (-inf, 0.0) in `dtype` (default scores_dtype)."""
+    if kind not in MASK_KINDS:
+        raise ValueError(f"kind: expected one of {MASK_KINDS}, got {kind!r}")
+    if kind == "additive":
+        dtype = dtype or scores_dtype
+        if dtype not in FLOAT_DTYPES:
+            raise ValueError(f"dtype: expected one of {FLOAT_DTYPES}, got {dtype}")
+        defaults, value_type = (float("-inf"), 0.0), (int, float)
+    else:
+        if dtype not in (None, torch.bool):
+            raise ValueError(f"dtype: a {kind} mask is torch.bool, got {dtype}")
+        dtype = torch.bool
+        defaults, value_type = ((True, False) if kind == "bool" else (False, True)), bool
+    values = []
+    for name, value, default in (
+        ("masked_value", masked_value, defaults[0]),
+        ("selected_value", selected_value, defaults[1]),
+    ):
+        if value is None:
+            value = default
+        elif not isinstance(value, value_type) or (
+            value_type is not bool and isinstance(value, bool)
+        ):
+            raise ValueError(f"{name}: expected a {kind} mask value, got {value!r}")
+        values.append(float(value) if kind == "additive" else value)
+    return dtype, values[0], values[1]
+
+
 def topk_mask_ref(
     scores: torch.Tensor,
     k: int,
@@ -208,26 +250,33 @@ def topk_mask_ref(
     kind: str = "bool",
     block_size: int = 1,
     dtype: torch.dtype | None = None,
+    masked_value: bool | float | None = None,
+    selected_value: bool | float | None = None,
+    masked_tail: bool = False,
 ) -> torch.Tensor:
     """The top-k indices scattered into a mask over the row's columns, (R, L·block_size).
 
-    kind "bool": True where masked out, `ones(bool).scatter(-1, idx, False)` (DeepSeek-V3.2, HF).
-    kind "additive": 0 where selected, -inf elsewhere, in `dtype` (default scores.dtype):
-    `full(-inf).scatter_(-1, safe_idx, 0)` with padding sent to a throwaway column (MiniMax-M3, HF).
+    Every element is the masked value except the selected columns (`mask_values` has the kinds):
+    kind "bool": True where masked out, `ones(bool).scatter(-1, idx, False)` (DeepSeek-V3.2, HF);
+    kind "keep": True where selected, `zeros(bool).scatter_(-1, idx, True)`;
+    kind "additive": 0 where selected, -inf elsewhere: `full(-inf).scatter_(-1, safe_idx, 0)` with
+    padding sent to a throwaway column (MiniMax-M3, HF).
     Then `repeat_interleave(block_size, -1)` back to key level.
+    masked_tail=True: the row is all L columns and columns from lengths[r] on rank as -inf,
+    as after `scores.masked_fill(cols >= lengths[:, None], -inf)`: a short row still selects k.
     """
     num_rows, length = scores.shape
+    dtype, masked_value, selected_value = mask_values(
+        kind, scores.dtype, dtype, masked_value, selected_value
+    )
+    if masked_tail:
+        if lengths is None:
+            raise ValueError("masked_tail: needs lengths")
+        cols = torch.arange(length, device=scores.device)
+        real = cols[None, :] < lengths.to(torch.int64)[:, None]
+        scores, lengths = torch.where(real, scores.float(), float("-inf")), None
     idx = topk_indices_ref(scores, k, lengths).to(torch.int64)
     safe_idx = torch.where(idx >= 0, idx, length)  # padding -> the throwaway column
-    if kind == "bool":
-        mask = torch.ones(num_rows, length + 1, dtype=torch.bool, device=scores.device)
-        mask = mask.scatter(-1, safe_idx, False)[:, :length]
-    elif kind == "additive":
-        dtype = dtype or scores.dtype
-        mask = torch.full((num_rows, length + 1), float("-inf"), dtype=dtype, device=scores.device)
-        mask = mask.scatter_(-1, safe_idx, 0)[:, :length]
-    else:
-        raise ValueError(f"kind: expected 'bool' or 'additive', got {kind!r}")
-    if block_size > 1:
-        mask = mask.repeat_interleave(block_size, dim=-1)
-    return mask
+    mask = torch.full((num_rows, length + 1), masked_value, dtype=dtype, device=scores.device)
+    mask = mask.scatter_(-1, safe_idx, selected_value)[:, :length]
+    return mask.repeat_interleave(block_size, dim=-1) if block_size > 1 else mask.contiguous()

@@ -301,6 +301,54 @@ def test_mask_additive_dtype():
     assert torch.equal(out, topk_ref.topk_mask_ref(scores, 8, kind="additive", dtype=torch.float16))
 
 
+def test_mask_keep_and_custom_values():
+    scores = torch.randn(3, 90)
+    lengths = torch.tensor([90, 5, 40])
+    keep = topk.topk_mask(scores, 12, lengths, "keep", 2, config=TINY)
+    assert keep.dtype == torch.bool
+    assert torch.equal(keep, topk_ref.topk_mask_ref(scores, 12, lengths, "keep", 2))
+    assert torch.equal(keep, ~topk_ref.topk_mask_ref(scores, 12, lengths, "bool", 2))
+    # HF's finfo.min bias, and a selection-weight mask
+    low = torch.finfo(torch.bfloat16).min
+    bias = topk.topk_mask(scores, 12, kind="additive", dtype=torch.bfloat16, masked_value=low,
+                          config=TINY)  # fmt: skip
+    ref = topk_ref.topk_mask_ref(scores, 12, None, "additive", 1, torch.bfloat16, low)
+    assert torch.equal(bias, ref) and (bias == low).sum() == 3 * (90 - 12)
+    weights = topk.topk_mask(scores, 12, kind="additive", masked_value=0.0, selected_value=1.0,
+                             config=TINY)  # fmt: skip
+    assert torch.equal(weights.sum(1), torch.full((3,), 12.0))
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_mask_masked_tail(kind):
+    """masked_tail: the kernel does not read past lengths[r] but ranks those columns as -inf,
+    exactly as top-k over scores.masked_fill(cols >= lengths, -inf) does."""
+    scores = torch.randn(5, 300)
+    scores[3, :7] = float("-inf")  # real -inf scores tie with the masked tail
+    lengths = torch.tensor([300, 5, 0, 150, 11])
+    for segments in (1, 3):
+        out = topk.topk_mask(scores, 20, lengths, kind, masked_tail=True,
+                             config={**SMALL, "SEGMENTS": segments})  # fmt: skip
+        ref = topk_ref.topk_mask_ref(scores, 20, lengths, kind, masked_tail=True)
+        assert torch.equal(out, ref)
+    selected = (out == 0) if kind == "additive" else ~out
+    assert (selected.sum(1) == 20).all()  # short rows still select k columns
+    cols = torch.arange(300)
+    masked = scores.masked_fill(cols >= lengths[:, None], float("-inf"))
+    values = masked.topk(20, dim=1).values
+    ours = masked[selected].view(5, 20).sort(1, descending=True).values
+    assert torch.equal(ours, values)  # the same multiset of scores as torch.topk
+
+
+def test_page_transform_pad():
+    scores = torch.randn(3, 64)
+    lengths = torch.tensor([64, 3, 0])
+    table = torch.randperm(12).reshape(3, 4).to(torch.int32)
+    out = topk.topk_page_transform(scores, 8, lengths, table, 16, pad=-7, config=TINY)
+    ref = topk_ref.topk_page_transform_ref(scores, 8, lengths, table, 16, pad=-7)
+    assert torch.equal(_set(out), _set(ref)) and (out[2] == -7).all() and (out[1] == -7).sum() == 5
+
+
 # ---------------------------------------------------------------------------------------------
 # input checks, reference path, launch table
 
@@ -334,6 +382,12 @@ def test_mask_additive_dtype():
         (lambda s: topk.topk_mask(s, 4, kind="float"), "kind"),
         (lambda s: topk.topk_mask(s, 4, block_size=0), "block_size"),
         (lambda s: topk.topk_mask(s, 4, kind="additive", dtype=torch.int8), "dtype"),
+        (lambda s: topk.topk_mask(s, 4, kind="keep", dtype=torch.float32), "dtype"),
+        (lambda s: topk.topk_mask(s, 4, masked_value=0.5), "masked_value"),
+        (lambda s: topk.topk_mask(s, 4, kind="additive", selected_value=True), "selected_value"),
+        (lambda s: topk.topk_mask(s, 4, masked_tail=True), "masked_tail"),
+        (lambda s: topk.topk_page_transform(s, 4, _len(), torch.zeros(3, 2).int(), 16, pad=0.5),
+         "pad"),
     ],
 )  # fmt: skip
 def test_bad_inputs(call, name):
