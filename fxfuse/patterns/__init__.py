@@ -5,12 +5,12 @@ canonical ops with fused kernels. Adding a spelling is an edit to one family's m
 """
 
 from fxfuse.patterns import (
-    gemm, gemm_split_cat, quant, rms_norm, rms_norm_quant, topk,
+    allreduce, gemm, gemm_split_cat, quant, rms_norm, rms_norm_quant, topk,
 )
 
 CANONICAL_RULES = rms_norm.RULES + quant.RULES + gemm.CANONICAL_RULES
 CANONICAL_TARGETS = quant.CANONICAL_TARGETS
 FUSION_RULES = (
-    rms_norm_quant.RULES + gemm.FUSION_RULES + gemm_split_cat.RULES
+    allreduce.RULES + rms_norm_quant.RULES + gemm.FUSION_RULES + gemm_split_cat.RULES
     + topk.RULES
 )

@@ -1,0 +1,722 @@
+"""Pattern `allreduce_rmsnorm` on CPU with gloo: one spawned session of 4 ranks runs the cases (on
+the world, then on a pair of ranks) and the tests below check them: every spelling fires on every
+rank and gives the unfused bytes, on every rank the same; near-misses don't fire. In-process: the fused ops without
+a group, the run-time path choice, and the one-shot kernel simulated under Triton's interpreter
+(every rank's buffer and signal pad a CPU tensor; the ranks run one after another, each finding its
+peers' flags already raised) plus a compile-only check of it for sm90 / gfx942 / gfx950."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import multiprocessing
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed import _functional_collectives as funcol
+
+import fxfuse
+from fxfuse.runtime import allreduce_ops
+from tests.helpers import bytes_equal, fused_targets, outputs_bytes_equal
+from tests.patterns.test_rms_norm_quant import (
+    group_128,
+    llama,
+    mxfp4,
+    per_token_div,
+    reciprocal_sqrt,
+)
+
+N = 256
+NAME = "allreduce_rmsnorm"
+FUSED_QUANT = "fxfuse.allreduce_rms_norm_quant.default"
+FUSED_NORM = "fxfuse.allreduce_rms_norm.default"
+SESSION_TIMEOUT_S = 180  # a hang guard: the session takes ~25 s on two idle cores
+
+# --- model pieces (built inside each rank) ------------------------------------------------------
+
+GROUP = None  # the process group of the cases now running (set by the session; None: the world)
+
+
+def functional(x):
+    return funcol.all_reduce(x, "sum", GROUP or dist.group.WORLD)
+
+
+def in_place(x):
+    y = x * 2  # torch.distributed.all_reduce writes its argument
+    dist.all_reduce(y, group=GROUP)
+    return y
+
+
+def fxfuse_op(x):
+    return fxfuse.ops.all_reduce(x, GROUP)
+
+
+def reduce_max(x):
+    return funcol.all_reduce(x, "max", GROUP or dist.group.WORLD)
+
+
+class ARChain(nn.Module):
+    """all-reduce → [residual add] → RMSNorm → [quant]; outputs (q, scale | y)[, h][, reduced]."""
+
+    def __init__(self, reduce, norm, quant, residual, residual_first=False, reduced_out=False):
+        super().__init__()
+        self.reduce, self.norm, self.quant = reduce, norm, quant
+        self.residual, self.residual_first, self.reduced_out = residual, residual_first, reduced_out
+        self.weight = nn.Parameter((1 + 0.1 * torch.randn(N)).to(torch.bfloat16))
+
+    def forward(self, x, r):
+        a = self.reduce(x)
+        h = a if not self.residual else (r + a if self.residual_first else a + r)
+        y = self.norm(h, self.weight)
+        out = tuple(self.quant(y)) if self.quant else (y,)
+        out = (*out, h) if self.residual else out
+        return (*out, a) if self.reduced_out else out
+
+
+def _inputs(rank: int, m: int = 8):
+    """x differs per rank; the residual stream is the same on every rank (tensor parallel)."""
+    torch.manual_seed(0)
+    r = torch.randn(m, N).to(torch.bfloat16)
+    torch.manual_seed(100 + rank)
+    return torch.randn(m, N).mul(3).to(torch.bfloat16), r
+
+
+def _digest(outputs) -> str:
+    digest = hashlib.sha256()
+    for t in outputs:
+        digest.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _collectives_left(gm) -> int:
+    return sum(
+        "_c10d_functional" in str(n.target) or n.target is torch.ops.aten.copy_.default
+        for n in gm.graph.nodes
+    )
+
+
+def _fuse_and_compare(model, rank, interpret=False, m=8) -> dict:
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    torch.manual_seed(0)  # the same weight on every rank
+    model = model()
+    x, r = _inputs(rank, m)
+    with torch.no_grad():
+        fused = fxfuse.apply_fusions(model, (x.clone(), r))
+        want = model(x.clone(), r)
+        got = fused(x.clone(), r)
+    report = fused.fxfuse_report
+    return {
+        "count": report.counts[NAME],
+        "rmsnorm_quant": report.counts["rmsnorm_quant"],
+        "targets": fused_targets(fused),
+        "reasons": " | ".join(why for _, _, why in report.rejected),
+        "equal": outputs_bytes_equal(got, want),
+        "digest": _digest(got),
+        "collectives_left": _collectives_left(fused),
+    }
+
+
+# --- cases: each runs on every rank of a session and returns what the tests check ---------------
+
+
+def case_functional_residual_fp8(rank, world):
+    return _fuse_and_compare(lambda: ARChain(functional, llama, per_token_div, True), rank)
+
+
+def case_functional_plain_mxfp4(rank, world):
+    return _fuse_and_compare(lambda: ARChain(functional, llama, mxfp4("even"), False), rank)
+
+
+def case_in_place_residual_group128(rank, world):
+    return _fuse_and_compare(lambda: ARChain(in_place, llama, group_128, True), rank)
+
+
+def case_fxfuse_op_residual_first_norm_only(rank, world):
+    return _fuse_and_compare(
+        lambda: ARChain(fxfuse_op, llama, None, True, residual_first=True), rank
+    )
+
+
+def case_functional_plain_norm_only(rank, world):
+    return _fuse_and_compare(lambda: ARChain(functional, llama, None, False), rank)
+
+
+def case_interpreted_kernels(rank, world):
+    """The fused norm-quant Triton kernel itself (interpreter) after the collective; the `1/sqrt`
+    spelling is the one it matches bit for bit (see test_rms_norm_quant)."""
+    return _fuse_and_compare(
+        lambda: ARChain(functional, reciprocal_sqrt, per_token_div, True), rank, interpret=True, m=4
+    )
+
+
+def case_reduced_used_elsewhere(rank, world):
+    return _fuse_and_compare(
+        lambda: ARChain(functional, llama, per_token_div, True, reduced_out=True), rank
+    )
+
+
+def case_reduce_max(rank, world):
+    return _fuse_and_compare(lambda: ARChain(reduce_max, llama, per_token_div, True), rank)
+
+
+def case_in_place_on_graph_input(rank, world):
+    def reduce_input(x):
+        dist.all_reduce(x, group=GROUP)
+        return x
+
+    return _fuse_and_compare(lambda: ARChain(reduce_input, llama, per_token_div, True), rank)
+
+
+class AliasedInPlace(nn.Module):
+    """A view of the buffer taken before the in-place all-reduce reads the reduced values."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter((1 + 0.1 * torch.randn(N)).to(torch.bfloat16))
+
+    def forward(self, x, r):
+        y = x * 2
+        first_row = y[0]
+        dist.all_reduce(y, group=GROUP)
+        return (*per_token_div(llama(y + r, self.weight)), first_row)
+
+
+def case_in_place_buffer_aliased(rank, world):
+    return _fuse_and_compare(AliasedInPlace, rank)
+
+
+def case_group_of_one(rank, world):
+    group, _ = dist.new_subgroups(1)  # every rank alone: the all-reduce is the identity
+
+    def reduce_alone(x):
+        return funcol.all_reduce(x, "sum", group)
+
+    return _fuse_and_compare(lambda: ARChain(reduce_alone, llama, per_token_div, True), rank)
+
+
+def case_torch_compile(rank, world):
+    os.environ["TRITON_INTERPRET"] = "0"
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = ARChain(functional, llama, per_token_div, True)
+    x, r = _inputs(rank)
+    with torch.no_grad():
+        want = model(x, r)
+        got = torch.compile(model, backend="fxfuse")(x, r)
+    report = fxfuse.last_report()
+    return {
+        "count": report.counts.get(NAME, 0),
+        "targets": [rw.replacement for rw in report.rewrites],
+        "equal": outputs_bytes_equal(got, want),
+        "digest": _digest(got),
+    }
+
+
+def case_opcheck(rank, world):
+    os.environ["TRITON_INTERPRET"] = "0"
+    x, r = _inputs(rank, 4)
+    w = torch.randn(N, dtype=torch.bfloat16)
+    group = (GROUP or dist.group.WORLD).group_name
+    norm = (0.0, True, None, False)
+    quant = ("fp8", 128, torch.float8_e4m3fn, 1e-10, False, False, True, "even")
+    torch.library.opcheck(torch.ops.fxfuse.allreduce_rms_norm.default, (x, r, w, group, 1e-6))
+    torch.library.opcheck(
+        torch.ops.fxfuse.allreduce_rms_norm_quant.default,
+        (x, None, w, group, 1e-6, *norm, *quant),
+    )
+    # The collective path's h is the all-reduce itself.
+    _, _, h = torch.ops.fxfuse.allreduce_rms_norm_quant(x, None, w, group, 1e-6, *norm, *quant)
+    return {"h": h.contiguous().view(torch.uint8).numpy().tobytes()}
+
+
+# One spawned session of 4 ranks: the world's cases, then a pair's (ranks 0 and 1) while ranks 2
+# and 3 wait; one start-up instead of two keeps the file well under a minute on two cores.
+SESSION = {
+    4: ["functional_residual_fp8", "in_place_residual_group128", "functional_plain_mxfp4",
+        "interpreted_kernels", "group_of_one"],
+    2: ["functional_residual_fp8", "functional_plain_mxfp4", "in_place_residual_group128",
+        "fxfuse_op_residual_first_norm_only", "functional_plain_norm_only", "interpreted_kernels",
+        "reduced_used_elsewhere", "reduce_max", "in_place_on_graph_input",
+        "in_place_buffer_aliased", "torch_compile", "opcheck"],
+}  # fmt: skip
+WORLD = max(SESSION)
+
+
+# --- spawning -----------------------------------------------------------------------------------
+
+
+def _run_cases(world, rank, out):
+    for name in SESSION[world]:
+        try:
+            out[f"{world}:{name}"] = globals()[f"case_{name}"](rank, world)
+        except Exception:  # noqa: BLE001 - reported to the parent, which fails that case
+            out[f"{world}:{name}"] = {"error": traceback.format_exc()}
+
+
+def _rank_main(rank, port, results):
+    global GROUP
+    out = {}
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+            timeout=datetime.timedelta(seconds=SESSION_TIMEOUT_S),
+        )  # fmt: skip
+        _run_cases(WORLD, rank, out)
+        pair = dist.new_group([0, 1])  # collective: every rank creates it
+        if rank < 2:
+            GROUP = pair
+            _run_cases(2, rank, out)
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        out["session"] = {"error": traceback.format_exc()}
+    results.put((rank, out))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks() -> list[dict]:
+    """Every rank's results, {"<world>:<case>": {...}}, in rank order."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, results)) for r in range(WORLD)]
+    for proc in procs:
+        proc.start()
+    collected, deadline = {}, time.monotonic() + SESSION_TIMEOUT_S
+    try:
+        while len(collected) < WORLD:
+            rank, out = results.get(timeout=max(1.0, deadline - time.monotonic()))
+            collected[rank] = out
+    except queue.Empty:
+        pytest.fail(f"the {WORLD}-rank session timed out after {SESSION_TIMEOUT_S} s")
+    finally:
+        for proc in procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.terminate()
+    for rank in range(WORLD):
+        if "session" in collected[rank]:
+            pytest.fail(f"rank {rank}: {collected[rank]['session']['error']}")
+    return [collected[r] for r in range(WORLD)]
+
+
+def _case(ranks, world, name) -> list[dict]:
+    per_rank = [out[f"{world}:{name}"] for out in ranks[:world]]
+    for rank, out in enumerate(per_rank):
+        assert "error" not in out, f"rank {rank}:\n{out.get('error')}"
+    return per_rank
+
+
+def _assert_fired(per_rank, op=FUSED_QUANT):
+    for rank, out in enumerate(per_rank):
+        assert out["count"] == 1, f"rank {rank}: {out}"
+        assert op in out["targets"], f"rank {rank}: {out['targets']}"
+        assert out.get("collectives_left", 0) == 0, f"rank {rank}: the all-reduce is still there"
+        assert out["equal"], f"rank {rank}: fused bytes differ from the unfused model"
+    assert len({out["digest"] for out in per_rank}) == 1, "ranks got different bytes"
+
+
+def _assert_not_fired(per_rank, reason):
+    for rank, out in enumerate(per_rank):
+        assert out["count"] == 0, f"rank {rank}: {out}"
+        assert not any("allreduce" in t for t in out["targets"]), out["targets"]
+        assert reason in out["reasons"], out["reasons"]
+        assert out["equal"], f"rank {rank}: bytes differ from the unfused model"
+
+
+# --- 2 ranks ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, op",
+    [
+        ("functional_residual_fp8", FUSED_QUANT),
+        ("functional_plain_mxfp4", FUSED_QUANT),
+        ("in_place_residual_group128", FUSED_QUANT),
+        ("fxfuse_op_residual_first_norm_only", FUSED_NORM),
+        ("functional_plain_norm_only", FUSED_NORM),
+        ("interpreted_kernels", FUSED_QUANT),
+    ],
+)
+def test_two_ranks_spelling_fires_and_matches_bytes(ranks, name, op):
+    _assert_fired(_case(ranks, 2, name), op)
+
+
+def test_two_ranks_torch_compile_fires_and_matches_bytes(ranks):
+    _assert_fired(_case(ranks, 2, "torch_compile"))
+
+
+def test_reduced_value_used_elsewhere_does_not_fire(ranks):
+    per_rank = _case(ranks, 2, "reduced_used_elsewhere")
+    _assert_not_fired(per_rank, "has other users")
+    assert all(out["rmsnorm_quant"] == 1 for out in per_rank)  # the norm-quant still fuses
+
+
+def test_reduce_op_other_than_sum_does_not_fire(ranks):
+    _assert_not_fired(_case(ranks, 2, "reduce_max"), "all-reduce op 'max', not sum")
+
+
+def test_in_place_all_reduce_of_a_graph_input_does_not_fire(ranks):
+    _assert_not_fired(_case(ranks, 2, "in_place_on_graph_input"), "writes graph input")
+
+
+def test_in_place_all_reduce_of_an_aliased_buffer_does_not_fire(ranks):
+    _assert_not_fired(_case(ranks, 2, "in_place_buffer_aliased"), "has other users (select")
+
+
+def test_fused_ops_pass_opcheck_with_a_group(ranks):
+    hs = [out["h"] for out in _case(ranks, 2, "opcheck")]
+    want = (_inputs(0, 4)[0].float() + _inputs(1, 4)[0].float()).to(torch.bfloat16)
+    assert all(h == want.view(torch.uint8).numpy().tobytes() for h in hs)
+
+
+# --- 4 ranks ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [n for n in SESSION[4] if n != "group_of_one"])
+def test_four_ranks_spelling_fires_and_matches_bytes(ranks, name):
+    _assert_fired(_case(ranks, 4, name))
+
+
+def test_group_of_one_rank_fires_and_runs_locally(ranks):
+    per_rank = _case(ranks, 4, "group_of_one")
+    for out in per_rank:
+        assert out["count"] == 1 and FUSED_QUANT in out["targets"] and out["equal"], out
+    assert len({out["digest"] for out in per_rank}) == 4  # nothing was summed across ranks
+
+
+# --- in process: no group -----------------------------------------------------------------------
+
+
+def _norm_quant_args(quant="fp8"):
+    norm = (0.0, True, None, False)
+    if quant == "fp8":
+        return norm, ("fp8", 0, torch.float8_e4m3fn, 1e-10, False, False, False, "even")
+    return norm, ("mxfp4", 0, torch.float8_e4m3fn, 0.0, False, False, False, "floor")
+
+
+@pytest.mark.parametrize("quant", ["fp8", "mxfp4"])
+@pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])
+def test_without_a_group_the_ops_are_the_local_fused_norm(quant, with_residual, reference_path):
+    x, r = _inputs(0, 4)
+    r = r if with_residual else None
+    w = torch.randn(N, dtype=torch.bfloat16)
+    norm, quant_args = _norm_quant_args(quant)
+    q, scale, h = torch.ops.fxfuse.allreduce_rms_norm_quant(x, r, w, None, 1e-6, *norm, *quant_args)
+    if r is None:
+        want = (*torch.ops.fxfuse.rms_norm_quant(x, w, 1e-6, *norm, *quant_args), x)
+    else:
+        want = torch.ops.fxfuse.add_rms_norm_quant(x, r, w, 1e-6, *norm, *quant_args)
+    assert outputs_bytes_equal((q, scale, h), want)
+    assert h.data_ptr() != x.data_ptr()
+    # A group name with no torch.distributed behind it: the same local path.
+    again = torch.ops.fxfuse.allreduce_rms_norm_quant(x, r, w, "0", 1e-6, *norm, *quant_args)
+    assert outputs_bytes_equal(again, (q, scale, h))
+    y, h = torch.ops.fxfuse.allreduce_rms_norm(x, r, w, None, 1e-6, *norm)
+    want = fxfuse.ops.rms_norm(x, w, 1e-6, residual=r)
+    assert outputs_bytes_equal((y, h), want if r is not None else (want, x))
+
+
+def test_ops_pass_opcheck_without_a_group(reference_path):
+    x, r = _inputs(0, 4)
+    w = torch.randn(N, dtype=torch.bfloat16)
+    norm, quant_args = _norm_quant_args("mxfp4")
+    ops = torch.ops.fxfuse
+    torch.library.opcheck(ops.allreduce_rms_norm.default, (x, None, w, None, 1e-6))
+    torch.library.opcheck(
+        ops.allreduce_rms_norm_quant.default, (x, r, w, None, 1e-6, *norm, *quant_args)
+    )
+
+
+def test_all_reduce_without_a_group_leaves_a_plain_norm_quant(reference_path):
+    """fxfuse.ops.all_reduce without torch.distributed is a copy: nothing to fuse it with."""
+    model = ARChain(fxfuse_op, llama, per_token_div, True)
+    x, r = _inputs(0)
+    with torch.no_grad():
+        fused = fxfuse.apply_fusions(model, (x, r))
+    assert fused.fxfuse_report.counts[NAME] == 0
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1
+    assert outputs_bytes_equal(fused(x, r), model(x, r))
+
+
+def test_path_choice():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert allreduce_ops.choose_path(1, cuda, 1024, 1 << 20, True) == "local"
+    assert allreduce_ops.choose_path(8, cuda, 1 << 20, 1 << 20, True) == "one_shot"
+    assert allreduce_ops.choose_path(8, cuda, (1 << 20) + 2, 1 << 20, True) == "collective"
+    assert allreduce_ops.choose_path(8, cuda, 1024, 1 << 20, False) == "collective"
+    assert allreduce_ops.choose_path(2, cpu, 1024, 1 << 20, True) == "collective"
+    assert allreduce_ops.choose_path(2, cuda, 0, 0, True) == "collective"  # 0: one-shot off
+
+
+def test_one_shot_threshold_from_the_table_and_env(monkeypatch):
+    monkeypatch.delenv(allreduce_ops.ONE_SHOT_MAX_BYTES_ENV, raising=False)
+    from fxfuse.kernels import allreduce_oneshot
+    from fxfuse.runtime import launch_tables
+
+    table = launch_tables.load_table("allreduce_oneshot")
+    for target in ("sm90", "gfx950", "gfx942"):
+        assert table["targets"][target]["timed"] is False  # untimed until a device sweep
+        want = launch_tables.lookup("allreduce_oneshot", target, m=64, n=7168)["MAX_BYTES"]
+        assert allreduce_ops.one_shot_max_bytes(target, 64, 7168) == want
+        assert allreduce_oneshot.buffer_bytes_for(target) >= want
+    monkeypatch.setenv(allreduce_ops.ONE_SHOT_MAX_BYTES_ENV, "0")
+    assert allreduce_ops.one_shot_max_bytes("sm90", 1, 7168) == 0
+    monkeypatch.setenv(allreduce_ops.ONE_SHOT_MAX_BYTES_ENV, "lots")
+    with pytest.raises(ValueError, match=allreduce_ops.ONE_SHOT_MAX_BYTES_ENV):
+        allreduce_ops.one_shot_max_bytes("sm90", 1, 7168)
+
+
+# --- in process: the one-shot kernel, simulated -------------------------------------------------
+
+
+@pytest.fixture
+def hang_guard():
+    """A barrier bug would spin forever; the interpreter spins in Python, so an alarm can stop it
+    with a test failure."""
+
+    def spun_too_long(signum, frame):
+        raise TimeoutError("the one-shot kernel's barrier spun for 60 s")
+
+    previous = signal.signal(signal.SIGALRM, spun_too_long)
+    signal.setitimer(signal.ITIMER_REAL, 60)
+    yield
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def _simulate(world, m, quant, residual=True, config=None, **quant_args):
+    """Runs the one-shot kernel for every rank in turn over CPU-tensor 'symmetric' buffers and
+    signal pads. Before rank r runs, the flags its later peers would have raised are raised (and
+    rank r's buffer is poisoned, so only its own publish phase can fill it). Returns each rank's
+    outputs, the reference, and the buffers and pads afterwards with what they should hold."""
+    from fxfuse.kernels import allreduce_oneshot as oneshot
+
+    torch.manual_seed(world * 100 + m)
+    xs = [torch.randn(m, N).mul(2).to(torch.bfloat16) for _ in range(world)]
+    res = torch.randn(m, N).to(torch.bfloat16) if residual else None
+    w = (1 + 0.1 * torch.randn(N)).to(torch.bfloat16)
+    pad_bytes, buffer_bytes = 2048, m * N * 2 + 256
+    buffers = [torch.full((buffer_bytes // 2,), float("nan"), dtype=torch.bfloat16) for _ in xs]
+    for buffer, x in zip(buffers, xs):
+        buffer[: m * N] = x.reshape(-1)  # as published by ranks that have not run yet
+    pads = [torch.zeros(pad_bytes // 4, dtype=torch.int32) for _ in xs]
+    buffer_ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
+    pad_ptrs = torch.tensor([p.data_ptr() for p in pads], dtype=torch.int64)
+    cfg = oneshot._launch_config("cpu", torch.device("cpu"), m, N, world, pad_bytes, config)
+    programs = -(-m // cfg["ROWS_PER_PROGRAM"])
+
+    def flags_from_later_peers(rank):
+        flags = torch.zeros_like(pads[rank])
+        for program in range(programs):
+            for channel in range(oneshot.CHANNELS):
+                base = (program * oneshot.CHANNELS + channel) * world
+                flags[base + rank + 1 : base + world] = 1
+        return flags
+
+    outs = []
+    for rank in range(world):
+        pads[rank] += flags_from_later_peers(rank)
+        buffers[rank][: m * N] = float("nan")
+        peers = oneshot.Peers(buffer_ptrs, pad_ptrs, rank, buffer_bytes, pad_bytes)
+        outs.append(
+            oneshot.allreduce_rms_norm_quant(
+                xs[rank], w, 1e-6, res, peers=peers, quant=quant, config=config, **quant_args
+            )
+        )
+    want = oneshot.allreduce_rms_norm_quant_ref(
+        xs, w, 1e-6, res, quant=quant, reciprocal_sqrt=True, **quant_args
+    )
+    return outs, want, xs, buffers, pads, [flags_from_later_peers(r) for r in range(world)]
+
+
+@pytest.mark.parametrize(
+    "world, m, quant, quant_args, config",
+    [
+        (2, 5, "fp8", {}, None),
+        (3, 5, "mxfp4", {"rounding": "even"}, {"MAX_PROGRAMS": 2}),  # W not a power of 2; 4 rows
+        (2, 3, "fp8", {"group_size": 128}, {"BLOCK_N_MAX": 128, "BLOCK_N": 64}),  # tiled rows
+        (4, 2, None, {}, None),  # norm only
+    ],
+    ids=["fp8_w2", "mxfp4_w3_rows", "fp8_group_w2_tiles", "norm_w4"],
+)
+def test_one_shot_kernel_simulated(world, m, quant, quant_args, config, hang_guard):
+    outs, want, xs, buffers, pads, final_flags = _simulate(
+        world, m, quant, True, config, **quant_args
+    )
+    for rank, out in enumerate(outs):
+        for got, ref, what in zip(out, want, ("q", "scale", "h", "y")):
+            assert (got is None) == (ref is None), what
+            assert got is None or bytes_equal(got, ref), f"rank {rank}: {what} differs"
+    for rank, (buffer, x) in enumerate(zip(buffers, xs)):
+        assert bytes_equal(buffer[: x.numel()], x.reshape(-1)), f"rank {rank}: publish"
+        assert torch.isnan(buffer[x.numel() :].float()).all(), f"rank {rank}: stray write"
+        # Every flag raised was consumed, except those sent to ranks that had already run.
+        assert torch.equal(pads[rank], final_flags[rank]), f"rank {rank}: signal pad"
+
+
+def test_one_shot_kernel_without_residual_simulated(hang_guard):
+    outs, want, *_ = _simulate(2, 2, "fp8", residual=False)
+    for out in outs:
+        assert out[3] is None and want[3] is None
+        assert outputs_bytes_equal(out[:3], want[:3])
+
+
+def test_one_shot_launcher_rejects_bad_peers():
+    from fxfuse.kernels import allreduce_oneshot as oneshot
+
+    x, w = torch.randn(4, N, dtype=torch.bfloat16), torch.ones(N, dtype=torch.bfloat16)
+    ptrs = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="peers"):
+        oneshot.allreduce_rms_norm_quant(x, w, 1e-6, peers=None)
+    with pytest.raises(ValueError, match="peers"):
+        oneshot.allreduce_rms_norm_quant(
+            x, w, 1e-6, peers=oneshot.Peers(ptrs, ptrs, 2, 1 << 20, 2048)
+        )
+    with pytest.raises(ValueError, match="x"):
+        oneshot.allreduce_rms_norm_quant(x, w, 1e-6, peers=oneshot.Peers(ptrs, ptrs, 0, 1024, 2048))
+    with pytest.raises(ValueError, match="config"):
+        oneshot.allreduce_rms_norm_quant(
+            x, w, 1e-6, peers=oneshot.Peers(ptrs, ptrs, 0, 1 << 20, 8), config=None
+        )
+
+
+_COMPILE_CHECK = textwrap.dedent(
+    """
+    import json
+    import triton, triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from fxfuse.kernels import allreduce_oneshot as oneshot
+
+    kernel = oneshot._allreduce_rms_norm_quant_kernel
+    pointers = {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "h_ptr": "*bf16",
+                "y_ptr": "*bf16", "q_ptr": "*u8", "scale_ptr": "*fp32", "buffer_ptrs": "*i64",
+                "signal_pad_ptrs": "*i64"}
+    floats = ("eps", "weight_offset", "quant_eps")
+    # W = 6 (not a power of 2), FP8 per token, N = 1024, two rows per program.
+    consts = dict(RANK=1, WORLD_SIZE=6, PEERS_POW2=8, X_DTYPE=tl.bfloat16, NORM_DTYPE=tl.bfloat16,
+                  HAS_RESIDUAL=True, HAS_WEIGHT_OFFSET=False, ROUND_BEFORE_WEIGHT=True,
+                  WRITE_NORM=False, QUANT=1, FP8_MAX=448.0, FP8_FNUZ=False, FP8_NATIVE=False,
+                  EPS_ON_SCALE=False, APPLY_RECIPROCAL=False, MX_ROUNDING=1, EXACT_CASTS=False,
+                  CONST_DIV_AS_MUL=True, BLOCK_N=512, COL_TILES=2, ROWS_PER_PROGRAM=2,
+                  NG=1, G=1024, GROUP=128, CHUNK=128, VEC=8, TILE_CHUNKS=4, NUM_TILES=2,
+                  stride_xn=1, stride_rn=1)
+    signature = {a: pointers.get(a, "fp32" if a in floats else "i32") for a in kernel.arg_names}
+    signature.update({a: "constexpr" for a in consts})
+    signature["ROW_TILE"] = "constexpr"
+    found = {}
+    for target, row_tile in ((GPUTarget("cuda", 90, 32), True), (GPUTarget("cuda", 90, 32), False),
+                             (GPUTarget("hip", "gfx942", 64), False),
+                             (GPUTarget("hip", "gfx950", 64), True)):
+        source = ASTSource(kernel, signature, constexprs=dict(consts, ROW_TILE=row_tile))
+        asm = triton.compile(source, target=target).asm
+        asm = asm.get("ptx") or asm["amdgcn"]
+        found[f"{target.arch}:{row_tile}"] = [
+            l.strip() for l in asm.splitlines() if ("atom" in l and "cas" in l) or "cmpswap" in l
+        ]
+    print(json.dumps(found))
+    """
+)
+
+
+def test_one_shot_kernel_compiles_for_gpu_targets():
+    """The compiled path cannot run here: compile it for sm90, gfx942 and gfx950 (no device
+    needed) and check the barrier's atomics are system-scope release / acquire CAS."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE_CHECK], check=False, env=env, capture_output=True,
+        text=True,
+        timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )  # fmt: skip
+    if proc.returncode and ("ptxas" in proc.stderr or "lld" in proc.stderr.lower()):
+        pytest.skip(f"a GPU toolchain piece is missing: {proc.stderr.splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(found) == 4, found
+    for key, atomics in found.items():
+        assert len(atomics) == 4, (key, atomics)  # two barriers, each a send and a receive loop
+        if key.startswith("90:"):
+            assert sum("release.sys" in a for a in atomics) == 2, atomics
+            assert sum("acquire.sys" in a for a in atomics) == 2, atomics
+
+
+# --- GPU: two ranks on one device ---------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+    reason="needs a GPU and compiled kernels running concurrently (TRITON_INTERPRET=0)",
+)
+@pytest.mark.parametrize("quant", ["fp8", "mxfp4"])
+def test_gpu_one_shot_two_ranks_on_one_device(quant):
+    """Two ranks on one GPU, one stream each, no host sync between calls: the compiled barriers
+    meet for real and back-to-back calls reuse the buffers. h equals the fp32 rank-order sum; q
+    and scale equal the standalone rms_norm_quant kernel run on that h."""
+    from fxfuse.kernels import allreduce_oneshot as oneshot
+    from fxfuse.kernels import rms_norm_quant as norm_quant
+
+    world, m, n, calls, pad_bytes = 2, 16, 7168, 4, 2048
+    device = torch.device("cuda")
+    gen = torch.Generator().manual_seed(7)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).mul(2).to(torch.bfloat16).to(device)
+
+    xs = [[rand(m, n) for _ in range(world)] for _ in range(calls)]
+    res, w = rand(m, n), (1 + 0.05 * rand(n).float()).to(torch.bfloat16)
+    buffers = [torch.empty(m * n * 2, dtype=torch.uint8, device=device) for _ in range(world)]
+    pads = [torch.zeros(pad_bytes // 4, dtype=torch.int32, device=device) for _ in range(world)]
+    buffer_ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64, device=device)
+    pad_ptrs = torch.tensor([p.data_ptr() for p in pads], dtype=torch.int64, device=device)
+    streams = [torch.cuda.Stream() for _ in range(world)]
+    torch.cuda.synchronize()
+    outs, done = [], []
+    for call in range(calls):
+        outs.append([])
+        for rank, stream in enumerate(streams):
+            peers = oneshot.Peers(buffer_ptrs, pad_ptrs, rank, m * n * 2, pad_bytes)
+            with torch.cuda.stream(stream):
+                outs[-1].append(
+                    oneshot.allreduce_rms_norm_quant(
+                        xs[call][rank], w, 1e-6, res, peers=peers, quant=quant
+                    )
+                )
+    for stream in streams:
+        done.append(torch.cuda.Event())
+        done[-1].record(stream)
+    deadline = time.monotonic() + 60
+    while not all(event.query() for event in done):
+        if time.monotonic() > deadline:
+            pytest.fail("the ranks' barriers never met (are both grids co-resident?)")
+        time.sleep(0.01)
+    for call in range(calls):
+        _, _, want_h, _ = oneshot.allreduce_rms_norm_quant_ref(
+            [x.cpu() for x in xs[call]], w.cpu(), 1e-6, res.cpu(), quant=None
+        )
+        for rank in range(world):
+            q, scale, h, _ = outs[call][rank]
+            assert bytes_equal(h.cpu(), want_h), f"call {call}, rank {rank}: h"
+            own_q, own_scale, _, _ = norm_quant.rms_norm_quant(h, w, 1e-6, quant=quant)
+            assert bytes_equal(q, own_q) and bytes_equal(scale, own_scale), (call, rank)
+    assert all(int(pad.count_nonzero()) == 0 for pad in pads)  # every flag consumed
