@@ -49,11 +49,20 @@ def _env_max_bytes() -> int | None:
     return parsed
 
 
+# The one-shot kernel is opt-in until a multi-GPU run verifies it: its first H200 run (two
+# ranks sharing one GPU, 2026-12-02) did not finish within 75 s. Until then only an explicit
+# FXFUSE_ALLREDUCE_ONESHOT_MAX_BYTES turns it on.
+ONE_SHOT_VERIFIED = False
+
+
 def one_shot_max_bytes(target: str, m: int, n: int) -> int:
-    """Largest message (per rank, bytes) that takes the one-shot kernel (env, else the table)."""
+    """Largest message (per rank, bytes) that takes the one-shot kernel: the env when set, else
+    the table once the kernel is verified on the device, else 0 (off)."""
     env = _env_max_bytes()
     if env is not None:
         return env
+    if not ONE_SHOT_VERIFIED:
+        return 0
     from fxfuse.kernels import allreduce_oneshot
 
     return allreduce_oneshot.max_message_bytes(target, m, n)

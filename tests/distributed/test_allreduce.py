@@ -475,8 +475,12 @@ def test_one_shot_threshold_from_the_table_and_env(monkeypatch):
     for target in ("sm90", "gfx950", "gfx942"):
         assert table["targets"][target]["timed"] is False  # untimed until a device sweep
         want = launch_tables.lookup("allreduce_oneshot", target, m=64, n=7168)["MAX_BYTES"]
-        assert allreduce_ops.one_shot_max_bytes(target, 64, 7168) == want
+        # Off by default until verified on GPUs; the table's cap applies once it is.
+        expected = want if allreduce_ops.ONE_SHOT_VERIFIED else 0
+        assert allreduce_ops.one_shot_max_bytes(target, 64, 7168) == expected
         assert allreduce_oneshot.buffer_bytes_for(target) >= want
+    monkeypatch.setenv(allreduce_ops.ONE_SHOT_MAX_BYTES_ENV, "1048576")
+    assert allreduce_ops.one_shot_max_bytes("sm90", 1, 7168) == 1048576
     monkeypatch.setenv(allreduce_ops.ONE_SHOT_MAX_BYTES_ENV, "0")
     assert allreduce_ops.one_shot_max_bytes("sm90", 1, 7168) == 0
     monkeypatch.setenv(allreduce_ops.ONE_SHOT_MAX_BYTES_ENV, "lots")
