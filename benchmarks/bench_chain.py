@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import sys
@@ -89,8 +90,9 @@ def main():
             x, r = (torch.randn(m, k, device=device).to(torch.bfloat16) for _ in range(2))
             inductor(x, r)
             row = {"K": k, "N": n, "M": m}
-            for name, fn in (("fxfuse", lambda: fused(x, r)), ("inductor", lambda: inductor(x, r)),
-                             ("eager", lambda: model(x, r))):
+            for name, fn in (("fxfuse", functools.partial(fused, x, r)),
+                             ("inductor", functools.partial(inductor, x, r)),
+                             ("eager", functools.partial(model, x, r))):
                 fn()
                 torch.cuda.synchronize()
                 try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 
@@ -58,10 +59,10 @@ def main():
                 fxc = torch.compile(model, backend="fxfuse")
                 fx_out = fxc(x)
                 fx_report = fxfuse.last_report()
-                t_eager, how = _bench(lambda: model(x))
-                t_fused, _ = _bench(lambda: fused(x))
-                t_ind, _ = _bench(lambda: inductor(x))
-                t_fxc, _ = _bench(lambda: fxc(x))
+                t_eager, how = _bench(functools.partial(model, x))
+                t_fused, _ = _bench(functools.partial(fused, x))
+                t_ind, _ = _bench(functools.partial(inductor, x))
+                t_fxc, _ = _bench(functools.partial(fxc, x))
             row = {
                 "case": f"block_{quant}", "shape": {"m": batch * seq, "n": cfg.hidden},
                 "fxfuse_us": t_fxc, "apply_fusions_us": t_fused,

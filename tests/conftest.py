@@ -3,8 +3,8 @@ import os
 # Kernels are decorated at import time: the interpreter must be chosen before triton loads.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 
 @pytest.fixture

@@ -5,7 +5,13 @@ canonical ops with fused kernels. Adding a spelling is an edit to one family's m
 """
 
 from fxfuse.patterns import (
-    allreduce, gemm, gemm_split_cat, quant, rms_norm, rms_norm_quant, topk,
+    allreduce,
+    gemm,
+    gemm_split_cat,
+    quant,
+    rms_norm,
+    rms_norm_quant,
+    topk,
 )
 
 CANONICAL_RULES = rms_norm.RULES + quant.RULES + gemm.CANONICAL_RULES

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sympy
 import torch
-import torch.fx as fx
+from torch import fx
 
-from fxfuse.patterns.rule import val
 from fxfuse.patterns.matcher import Alt, Cast, Lit, Op
+from fxfuse.patterns.rule import val
 
 aten = torch.ops.aten
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any as AnyType
 
 import torch
-import torch.fx as fx
+from torch import fx
 from torch.fx.operator_schemas import normalize_function
 
 aten = torch.ops.aten

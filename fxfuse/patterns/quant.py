@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from fxfuse.patterns.rule import Inserter, Rule, val
-from fxfuse.patterns.matcher import Alt, Any, Cast, Getitem, Lit, Match, Op, cast_source
 from fxfuse.kernels.formats import FP8_DTYPES
-from fxfuse.patterns.common import DIV, FLOAT_DTYPES, MUL, aten, as_float, is_last_dim, maybe_cast
+from fxfuse.patterns.common import DIV, FLOAT_DTYPES, MUL, as_float, aten, is_last_dim, maybe_cast
+from fxfuse.patterns.matcher import Alt, Any, Cast, Getitem, Lit, Match, Op, cast_source
+from fxfuse.patterns.rule import Inserter, Rule, val
 
 fxfuse = torch.ops.fxfuse
 REPORT_AS = "rmsnorm_quant"

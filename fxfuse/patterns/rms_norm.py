@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from fxfuse.patterns.rule import Inserter, Rule, val
-from fxfuse.patterns.matcher import Alt, Any, Cast, Getitem, Lit, Match, Op
 from fxfuse.patterns.common import (
     ADD,
     DIV,
     FLOAT_DTYPES,
     MUL,
-    aten,
     as_float,
+    aten,
     is_last_dim,
     maybe_cast,
     mean_spelling,
@@ -29,6 +27,8 @@ from fxfuse.patterns.common import (
     same_size,
     tensor_of,
 )
+from fxfuse.patterns.matcher import Alt, Any, Cast, Getitem, Lit, Match, Op
+from fxfuse.patterns.rule import Inserter, Rule, val
 
 fxfuse = torch.ops.fxfuse
 REPORT_AS = "rmsnorm_quant"

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from fxfuse.patterns.rule import Inserter, Rule, val
 from fxfuse.patterns.matcher import Alt, Lit, Match, Op
-from fxfuse.patterns.quant import VIEWS
-from fxfuse.patterns.quant import canonical_fp8, canonical_mxfp4
+from fxfuse.patterns.quant import VIEWS, canonical_fp8, canonical_mxfp4
 from fxfuse.patterns.rms_norm import canonical_norm
+from fxfuse.patterns.rule import Inserter, Rule, val
 
 fxfuse = torch.ops.fxfuse
 aten = torch.ops.aten

@@ -8,7 +8,7 @@ import operator
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.fx as fx
+from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fxfuse.patterns.matcher import Match, Pat
@@ -35,7 +35,7 @@ class Rule:
     name: str
     pattern: Pat
     outputs: Callable[[Match], Sequence[fx.Node]]
-    replace: Callable[[Match, Context, "Inserter"], Sequence[fx.Node]]
+    replace: Callable[[Match, Context, Inserter], Sequence[fx.Node]]
     guard: Guard | None = None
     report_as: str | None = None  # near-misses are filed under this pattern name
     canonical: bool = False  # a canonicalization: counted apart from the fusions

@@ -184,7 +184,7 @@ def rms_norm_quant_gemm(
 
 @rms_norm_quant_gemm.register_fake
 def _(x, weight, eps, *args):
-    *nq, w, w_scale, out_dtype, max_m = args
+    *nq, w, _w_scale, out_dtype, max_m = args
     _, quant_args = norm_quant_ops._norm_quant_args(*nq)
     return _gemm_fake(x, w, quant_args, out_dtype, max_m)
 
@@ -222,7 +222,7 @@ def add_rms_norm_quant_gemm(
 
 @add_rms_norm_quant_gemm.register_fake
 def _(x, residual, weight, eps, *args):
-    *nq, w, w_scale, out_dtype, max_m = args
+    *nq, w, _w_scale, out_dtype, max_m = args
     _, quant_args = norm_quant_ops._norm_quant_args(*nq)
     return _gemm_fake(x, w, quant_args, out_dtype, max_m), torch.empty_like(x)
 
@@ -244,9 +244,11 @@ def quant_gemm(
 ) -> torch.Tensor:
     """quant → GEMM: the quant kernel then the GEMM above prologue_quant_max_m, the prequant
     GEMM at or below it."""
-    quant_args = dict(quant=quant, group_size=group_size, fp8_dtype=fp8_dtype,
-                      quant_eps=quant_eps, eps_on_scale=eps_on_scale,
-                      apply_reciprocal=apply_reciprocal, scale_col_major=False, rounding=rounding)
+    quant_args = {
+        "quant": quant, "group_size": group_size, "fp8_dtype": fp8_dtype, "quant_eps": quant_eps,
+        "eps_on_scale": eps_on_scale, "apply_reciprocal": apply_reciprocal,
+        "scale_col_major": False, "rounding": rounding,
+    }
     _check_dispatch_args(x, w, quant_args, prologue_quant_max_m)
     x = x.reshape(-1, x.shape[-1])
     if x.shape[0] <= prologue_quant_max_m:
@@ -262,5 +264,5 @@ def quant_gemm(
 @quant_gemm.register_fake
 def _(x, quant, group_size, fp8_dtype, quant_eps, eps_on_scale, apply_reciprocal, rounding, w,
       w_scale, out_dtype, prologue_quant_max_m):
-    quant_args = dict(quant=quant, group_size=group_size, fp8_dtype=fp8_dtype)
+    quant_args = {"quant": quant, "group_size": group_size, "fp8_dtype": fp8_dtype}
     return _gemm_fake(x, w, quant_args, out_dtype, prologue_quant_max_m)
