@@ -96,9 +96,16 @@ def _store_tile(
     p0_ptr, p1_ptr, p2_ptr, p3_ptr,
     M, N, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3,
     BLOCK_N: tl.constexpr, NUM_PIECES: tl.constexpr, EPILOGUE_SUBTILES: tl.constexpr,
+    EXACT_BF16: tl.constexpr,
 ):
-    """Write an fp32 (BLOCK_M, BLOCK_N) GEMM tile to the pieces, rounded to their dtype."""
-    vals = acc.to(p0_ptr.dtype.element_ty)
+    """Write an fp32 (BLOCK_M, BLOCK_N) GEMM tile to the pieces, rounded to their dtype
+    (EXACT_BF16: nearest-even from the bits; the interpreter's fp32 → bf16 cast truncates)."""
+    if EXACT_BF16:
+        bits = acc.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        vals = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        vals = acc.to(p0_ptr.dtype.element_ty)
     rows = offs_m.to(tl.int64)
     row_mask = offs_m < M
     n_start = pid_n * BLOCK_N
@@ -225,7 +232,7 @@ def _gemm_split_cat_kernel(
             _store_tile(
                 acc, offs_m, pid_n, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
                 M, N, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3,
-                BLOCK_N, NUM_PIECES, EPILOGUE_SUBTILES,
+                BLOCK_N, NUM_PIECES, EPILOGUE_SUBTILES, DOT_IN_FP32,
             )
         else:
             rows = offs_m.to(tl.int64)
@@ -253,7 +260,7 @@ def _split_k_reduce_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
     NUM_PIECES: tl.constexpr, EPILOGUE_SUBTILES: tl.constexpr,
     COPY_ROWS: tl.constexpr, BLOCK_S3: tl.constexpr, COPY_ITERS: tl.constexpr,
-    COPY_COL_ITERS: tl.constexpr,
+    COPY_COL_ITERS: tl.constexpr, EXACT_BF16: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_pid_n = _cdiv(N, BLOCK_N)
@@ -272,7 +279,7 @@ def _split_k_reduce_kernel(
         _store_tile(
             acc, offs_m, pid_n, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
             M, N, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3,
-            BLOCK_N, NUM_PIECES, EPILOGUE_SUBTILES,
+            BLOCK_N, NUM_PIECES, EPILOGUE_SUBTILES, EXACT_BF16,
         )
     else:
         _copy_y(
@@ -401,7 +408,7 @@ def _launch(
             *y_strides,
             BLOCK_M=reduce_m, BLOCK_N=reduce_n, SPLIT_K=split_k, NUM_PIECES=num_pieces,
             EPILOGUE_SUBTILES=_epilogue_subtiles(reduce_n, widths), **copy_meta,
-            num_warps=4,
+            EXACT_BF16=interpreting() and x.dtype == torch.bfloat16, num_warps=4,
         )  # fmt: skip
 
 
