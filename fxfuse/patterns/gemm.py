@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from fxfuse.patterns.matcher import Alt, Any, Getitem, Lit, Match, Maybe, Op
+from fxfuse.kernels.formats import FP8_DTYPES
+from fxfuse.patterns.common import MUL
+from fxfuse.patterns.matcher import Alt, Any, Cast, Getitem, Lit, Match, Maybe, Op
 from fxfuse.patterns.quant import VIEWS
 from fxfuse.patterns.rule import Inserter, Rule, val
 from fxfuse.runtime import gemm_ops  # noqa: F401 - registers torch.ops.fxfuse.gemm_*
@@ -22,6 +24,7 @@ fxfuse = torch.ops.fxfuse
 aten = torch.ops.aten
 TRANSPOSES = (aten.t.default, aten.permute.default, aten.transpose.int)
 GEMMS = (fxfuse.gemm_fp8.default, fxfuse.gemm_mxfp4.default)
+REPEAT = aten.repeat_interleave.self_int
 NORM_QUANT_ARGS = (
     "weight_offset", "round_before_weight", "norm_dtype", "reciprocal_sqrt", "quant",
     "group_size", "fp8_dtype", "quant_eps", "eps_on_scale", "apply_reciprocal",
@@ -83,6 +86,62 @@ def _scaled_mm_replace(m: Match, ctx, insert: Inserter):
     return [insert.call(fxfuse.gemm_fp8.default, (m["q"], sa, w, sb, m["out_dtype"]))]
 
 
+# --- dequantize-then-matmul in torch → fxfuse.gemm_fp8 -------------------------------------------
+#   x_deq = (q.float() * s)[.view(-1, K)]         s (M, 1) per token, or (M, K/128, 1) per group
+#   w_deq = w.float() * ws                         ws (N, 1) per channel, or the 128×128 blocks
+#                                                  ws.repeat_interleave(128, 0).repeat_interleave(128, 1)
+#   out   = (x_deq @ w_deq.t())[.to(out_dtype)]
+
+_x_deq = Op(MUL, Cast(Any("q"), torch.float32), Any("x_scale"), commutative=True, name="x_deq")
+_w_scale = Alt(
+    Op(REPEAT, Op(REPEAT, Any("w_scale"), Lit("rep0"), Lit("dim0")), Lit("rep1"), Lit("dim1"),
+       name="blocks"),
+    Any("w_scale"),
+)
+_w_deq = Op(MUL, Cast(Any("w"), torch.float32), _w_scale, commutative=True)
+_matmul = Op(
+    (aten.matmul.default, aten.mm.default),
+    Maybe(lambda p: Op(VIEWS, p, Lit("rows")), _x_deq),
+    Alt(Op(aten.t.default, _w_deq), Op(aten.permute.default, _w_deq, Lit("perm"))),
+    name="matmul",
+)
+dequant_matmul = Alt(Cast(_matmul, "out_dtype"), _matmul)
+
+
+def _dequant_guard(m: Match, ctx) -> str | None:
+    q, s, w, ws = (val(m[k]) for k in ("q", "x_scale", "w", "w_scale"))
+    if q.dtype not in FP8_DTYPES or w.dtype != q.dtype:
+        return "dequantized operands are not FP8 of one dtype"
+    if m.get("perm") is not None and list(m["perm"]) != [1, 0]:
+        return f"weight permuted by {m['perm']}, not transposed"
+    if m.get("out_dtype", torch.float32) not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"output cast to {m['out_dtype']}"
+    n, k = w.shape
+    if m.get("blocks") is not None:
+        if (m["rep0"], m["rep1"]) != (128, 128) or {m["dim0"] % 2, m["dim1"] % 2} != {0, 1}:
+            return "weight scales expanded to other than 128×128 blocks"
+        if q.dim() != 3 or tuple(q.shape[-2:]) != (k // 128, 128) or tuple(s.shape) != (
+            q.shape[0], k // 128, 1
+        ):
+            return "activation scales are not per 1×128 group of the weight's blocks"
+        if tuple(ws.shape) != (-(-n // 128), k // 128):
+            return f"block scales {tuple(ws.shape)} for a {n}×{k} weight"
+        return None
+    if q.dim() != 2 or tuple(s.shape) != (q.shape[0], 1) or tuple(ws.shape) != (n, 1):
+        return "scales are not per token × per channel"
+    return None
+
+
+def _dequant_replace(m: Match, ctx, insert: Inserter):
+    q, s, ws = m["q"], m["x_scale"], m["w_scale"]
+    k = val(m["w"]).shape[1]
+    if m.get("blocks") is not None:
+        q = insert.call(aten.reshape.default, (q, [-1, k]))
+        s = insert.call(aten.reshape.default, (s, [-1, k // 128]))
+    out_dtype = m.get("out_dtype", torch.float32)
+    return [insert.call(fxfuse.gemm_fp8.default, (q, s, m["w"], ws, out_dtype))]
+
+
 CANONICAL_RULES = [
     Rule(
         name="gemm_fp8",
@@ -92,7 +151,16 @@ CANONICAL_RULES = [
         replace=_scaled_mm_replace,
         report_as="quant_gemm",
         canonical=True,
-    )
+    ),
+    Rule(
+        name="gemm_fp8[dequant]",
+        pattern=dequant_matmul,
+        outputs=lambda m: [m.root],
+        guard=_dequant_guard,
+        replace=_dequant_replace,
+        report_as="quant_gemm",
+        canonical=True,
+    ),
 ]
 
 
@@ -140,6 +208,13 @@ def _quant_kind(m: Match) -> str:
     return m["quant"]
 
 
+def _q_dtype(m: Match) -> torch.dtype:
+    """The quantized activation's dtype, from its value (a captured graph may spell the op's
+    dtype argument as a ScalarType number)."""
+    node = m["fused"] if "fused" in m.bindings else m["quant"]
+    return val(node)[0].dtype
+
+
 def _chain_guard(m: Match, ctx) -> str | None:
     kind = _quant_kind(m)
     gemm_kind = "mxfp4" if m.root.target is fxfuse.gemm_mxfp4.default else "fp8"
@@ -151,8 +226,8 @@ def _chain_guard(m: Match, ctx) -> str | None:
     if kind == "fp8":
         if m["group_size"] not in PREQUANT_FP8_GROUPS:
             return f"FP8 group size {m['group_size']}: the GEMMs take per-token or 1×128"
-        if val(m["w"]).dtype != m["fp8_dtype"]:
-            return f"weight {val(m['w']).dtype} and activation {m['fp8_dtype']} differ"
+        if val(m["w"]).dtype != _q_dtype(m):
+            return f"weight {val(m['w']).dtype} and activation {_q_dtype(m)} differ"
         if m["scale_col_major"]:
             return "column-major activation scales"
     x = val(m["x"])
@@ -171,7 +246,9 @@ def _norm_chain_outputs(m: Match):
 
 
 def _norm_chain_replace(m: Match, ctx, insert: Inserter):
-    nq = tuple(m[a] for a in NORM_QUANT_ARGS)
+    nq = tuple(
+        _q_dtype(m) if a == "fp8_dtype" and m["quant"] == "fp8" else m[a] for a in NORM_QUANT_ARGS
+    )
     if m["fused"].target is fxfuse.add_rms_norm_quant.default:
         node = insert.call(
             fxfuse.add_rms_norm_quant_gemm.default,
@@ -190,7 +267,7 @@ def _quant_chain_replace(m: Match, ctx, insert: Inserter):
     if m["quant"].target is fxfuse.quant_mxfp4.default:
         quant = ("mxfp4", 0, torch.float8_e4m3fn, 0.0, False, False, m["rounding"])
     else:
-        quant = ("fp8", m["group_size"], m["fp8_dtype"], m["quant_eps"], m["eps_on_scale"],
+        quant = ("fp8", m["group_size"], _q_dtype(m), m["quant_eps"], m["eps_on_scale"],
                  m["apply_reciprocal"], "even")
     return [insert.call(fxfuse.quant_gemm.default, (m["x"], *quant, *_dispatch_args(m, ctx)))]
 

@@ -210,3 +210,60 @@ def test_bad_dispatch_argument_names_it():
     with pytest.raises(ValueError, match="group_size"):
         torch.ops.fxfuse.quant_gemm(x, "fp8", 64, torch.float8_e4m3fn, 1e-10, False, False, "even",
                                     w, torch.ones(N, 1), torch.bfloat16, 32)
+
+
+# --- dequantize-then-matmul spellings ------------------------------------------------------------
+
+
+class DequantPerToken(torch.nn.Module):
+    """(q.float() * s) @ (w.float() * ws).t(), per token × per channel, written in torch."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = QuantLinear(torch.randn(N, K) / K**0.5, "fp8_rowwise")
+
+    def forward(self, x):
+        q, s = ops.quant_fp8(x)
+        w_deq = self.proj.weight.float() * self.proj.weight_scale.reshape(-1, 1)
+        return ((q.float() * s) @ w_deq.t()).to(torch.bfloat16)
+
+
+class DequantBlocks(torch.nn.Module):
+    """QuantLinear's fp8_block spelling with the weight scales expanded `rep` times."""
+
+    def __init__(self, rep=128):
+        super().__init__()
+        self.rep = rep
+        self.proj = QuantLinear(torch.randn(128, K) / K**0.5, "fp8_block")
+
+    def forward(self, x):
+        xg = x.float().view(-1, K // 128, 128)
+        scale = xg.abs().amax(dim=-1, keepdim=True).clamp(min=1e-10) / 448.0
+        q = (xg / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        x_deq = (q.float() * scale).view(-1, K)
+        # rep 64: two scale columns per 128 of K (not the 128×128 blocks the GEMM takes).
+        base = self.proj.weight_scale.repeat(1, 128 // self.rep)
+        ws = base.repeat_interleave(128, 0).repeat_interleave(self.rep, 1)
+        return (x_deq @ (self.proj.weight.float() * ws).t()).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("model_cls", [DequantPerToken, DequantBlocks])
+def test_dequant_then_matmul_fuses(reference_path, model_cls):
+    model = model_cls()
+    x, _ = _inputs(40)
+    fused = fxfuse.apply_fusions(model, (x,))
+    report = fused.fxfuse_report
+    assert report.canonicalized.get("gemm_fp8[dequant]") == 1, report
+    assert report.counts["quant_gemm"] == 1
+    assert "fxfuse.quant_gemm.default" in fused_targets(fused)
+    assert "aten.matmul.default" not in [str(n.target) for n in fused.graph.nodes]
+    assert _rel(fused(x), model(x)) <= 1e-2
+
+
+def test_dequant_with_other_blocks_is_a_near_miss(reference_path):
+    model = DequantBlocks(rep=64)
+    x, _ = _inputs(8)
+    fused = fxfuse.apply_fusions(model, (x,))
+    assert "gemm_fp8[dequant]" not in fused.fxfuse_report.canonicalized
+    assert fused.fxfuse_report.counts["quant_gemm"] == 0
+    assert torch.equal(fused(x), model(x))
