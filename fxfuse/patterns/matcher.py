@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import operator
 from collections.abc import Callable, Iterator
 from typing import Any as AnyType
@@ -103,11 +104,28 @@ def normalized_args(node: fx.Node) -> dict[str, AnyType]:
             node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True
         )
         if pair is not None:
-            args = dict(pair.kwargs)
+            args = _schema_dtypes(node.target, dict(pair.kwargs))
     if args is None:
         args = {f"arg{i}": a for i, a in enumerate(node.args)} | dict(node.kwargs)
     node.meta["_fxfuse_args"] = ((node.args, tuple(node.kwargs.items())), args)
     return args
+
+
+def _schema_dtypes(target: torch._ops.OpOverload, args: dict[str, AnyType]) -> dict[str, AnyType]:
+    """Schema defaults fill a ScalarType argument the graph left out with its enum int (24 for
+    float8_e4m3fn); patterns compare torch.dtypes, so those become dtypes."""
+    for arg in target._schema.arguments:
+        value = args.get(arg.name)
+        scalar_type = "ScalarType" in str(arg.real_type)
+        if scalar_type and isinstance(value, int) and not isinstance(value, bool):
+            args[arg.name] = _dtype_of_enum(value)
+    return args
+
+
+@functools.cache
+def _dtype_of_enum(value: int) -> torch.dtype:
+    # torch exposes no enum -> dtype table; an op that takes a ScalarType converts it.
+    return aten.scalar_tensor.default(0, dtype=value, device="cpu").dtype
 
 
 class Pat(abc.ABC):

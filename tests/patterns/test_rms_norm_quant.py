@@ -250,7 +250,7 @@ def test_wrong_clamp_bounds_do_not_fire(reference_path):
 def test_statistics_not_in_fp32_do_not_fire(reference_path):
     def body(x, w):  # mean(x²) in fp16: a different number, not our kernel's
         h = x.to(torch.float16)
-        return per_token_div((w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))))
+        return per_token_div(w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)))
 
     fused = _fuse(NearMiss(body), _inputs()[:1])
     assert fused.fxfuse_report.counts["rmsnorm_quant"] == 0
