@@ -1,13 +1,25 @@
 """`python -m fxfuse demo` / `fxfuse demo`: the bundled DeepSeek-style block, fused, with its
-report, a numerics check against the unfused model and, on a GPU, timings."""
+report, a numerics check against the unfused model and, on a GPU, timings.
+
+`python -m fxfuse explain [MODEL]`: the report as a table and, per rewrite, the subgraph before and
+after as SVG (torch.fx's FxGraphDrawer, when pydot and Graphviz are installed) or as Graphviz .dot
+text. MODEL is `deepseek_block` (the bundled block) or `pkg.module:factory`, a callable returning
+`(model, example_inputs)`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import copy
+import importlib
+import re
+import shutil
 import sys
 import time
+from pathlib import Path
 
 import torch
+from torch import fx
 
 import fxfuse
 from fxfuse.models import deepseek_block
@@ -71,6 +83,171 @@ def demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+# --- explain ------------------------------------------------------------------------------------
+
+BUNDLED_MODEL = "deepseek_block"
+
+
+def load_model(spec: str, args: argparse.Namespace) -> tuple[torch.nn.Module, tuple]:
+    """(model, example_inputs) for MODEL: the bundled block, or `pkg.module:factory()`."""
+    if spec == BUNDLED_MODEL:
+        cfg = deepseek_block.BlockConfig(
+            hidden=args.hidden, q_lora_rank=args.hidden // 2, kv_lora_rank=args.hidden // 2,
+            intermediate=2 * args.hidden, layers=args.layers, quant=args.quant or "fp8_rowwise",
+        )
+        model = deepseek_block.build(cfg)
+        return model, deepseek_block.example_inputs(cfg, batch=args.batch, seq=args.seq)
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr.isidentifier():
+        raise ValueError(
+            f"MODEL: expected {BUNDLED_MODEL!r} or a dotted path 'pkg.module:factory', got {spec!r}"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"MODEL: cannot import module {module_name!r} ({err})") from err
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        # ValueError like every bad argument (the CLI reports it as a usage error on MODEL).
+        raise ValueError(f"MODEL: {module_name!r} has no callable {attr!r}")  # noqa: TRY004
+    result = factory(quant=args.quant) if args.quant else factory()
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        got = type(result).__name__
+        raise ValueError(f"MODEL: {spec} must return (model, example_inputs), got {got}")
+    model, inputs = result
+    if not isinstance(model, torch.nn.Module):
+        got = type(model).__name__
+        raise ValueError(f"MODEL: {spec} returned a {got}, not an nn.Module")  # noqa: TRY004
+    return model, (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+
+
+def _closure(names, step: dict[str, tuple[str, ...]], keep: set[str]) -> set[str]:
+    """The names in `keep` reached from `names` by following `step` through the others."""
+    found, seen, pending = set(), set(), list(names)
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in keep:
+            found.add(name)
+        pending.extend(step.get(name, ()))
+    return found
+
+
+def subgraph(gm: fx.GraphModule, names: set[str]) -> fx.GraphModule:
+    """The nodes of `gm` named in `names`, their outside inputs as placeholders, the values used
+    outside (or not at all) as outputs."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    outputs = []
+    for node in gm.graph.nodes:
+        if node.name not in names or node.op in ("placeholder", "output"):
+            continue
+        for arg in node.all_input_nodes:
+            if arg not in env:
+                env[arg] = graph.placeholder(arg.name)
+                env[arg].meta = dict(arg.meta)
+        env[node] = graph.node_copy(node, lambda n: env[n])
+        if not node.users or any(u.name not in names for u in node.users):
+            outputs.append(env[node])
+    graph.output(outputs[0] if len(outputs) == 1 else tuple(outputs))  # () when empty
+    return fx.GraphModule(gm, graph)
+
+
+def _label(node: fx.Node) -> str:
+    what = node.op if node.op in ("placeholder", "output") else str(node.target)
+    value = node.meta.get("val")
+    if isinstance(value, torch.Tensor):
+        what += f"\\n{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
+    return f"{node.name}\\n{what}".replace('"', "'")
+
+
+def to_dot(gm: fx.GraphModule, title: str) -> str:
+    """Graphviz text of a (small) graph: inputs dashed, ops boxed."""
+    lines = [f'digraph "{title}" {{', "  rankdir=TB;", f'  label="{title}";',
+             '  node [fontname="monospace", fontsize=10];']
+    for node in gm.graph.nodes:
+        shape = "box" if node.op == "call_function" else "ellipse"
+        style = ', style="dashed"' if node.op == "placeholder" else ""
+        lines.append(f'  "{node.name}" [label="{_label(node)}", shape={shape}{style}];')
+        lines.extend(f'  "{arg.name}" -> "{node.name}";' for arg in node.all_input_nodes)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _can_render_svg() -> bool:
+    try:
+        import pydot  # noqa: F401
+    except ImportError:
+        return False
+    return shutil.which("dot") is not None
+
+
+def write_drawing(gm: fx.GraphModule, path: Path, svg: bool) -> Path:
+    """`path`.svg through FxGraphDrawer when `svg`, else `path`.dot; returns the file written."""
+    if svg:
+        from torch.fx.passes.graph_drawer import FxGraphDrawer
+
+        out = path.with_suffix(".svg")
+        FxGraphDrawer(gm, path.stem).get_dot_graph().write_svg(str(out))
+        return out
+    out = path.with_suffix(".dot")
+    out.write_text(to_dot(gm, path.stem))
+    return out
+
+
+def _table(rows: list[tuple], header: tuple) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([fmt.format(*header), rule] + [fmt.format(*map(str, r)) for r in rows])
+
+
+def explain(args: argparse.Namespace) -> int:
+    model, inputs = load_model(args.model, args)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        gm = torch.export.export(model, inputs, strict=False).module()
+        before = copy.deepcopy(gm)
+        fused = fxfuse.apply_fusions(gm, inputs)
+    report = fused.fxfuse_report
+    svg = _can_render_svg()
+    before_names = {n.name for n in before.graph.nodes}
+    after_names = {n.name for n in fused.graph.nodes}
+    # Backwards: a node a rewrite made -> what its match covered; forwards: a covered node -> what
+    # replaced it, so a rewrite's nodes that a later fusion consumed are drawn as that fusion.
+    replaced_by: dict[str, tuple[str, ...]] = {}
+    for made, covered in report.sources.items():
+        for name in covered:
+            replaced_by[name] = replaced_by.get(name, ()) + (made,)
+    rows = []
+    for i, rewrite in enumerate(report.rewrites):
+        stem = f"{i:02d}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', rewrite.pattern).strip('_')}"
+        spelled = _closure(rewrite.replaced, report.sources, before_names)
+        made = _closure(rewrite.created, replaced_by, after_names)
+        files = [
+            write_drawing(subgraph(before, spelled), out_dir / f"{stem}_before", svg).name,
+            write_drawing(subgraph(fused, made), out_dir / f"{stem}_after", svg).name,
+        ]
+        rows.append((i, rewrite.pattern, rewrite.node, rewrite.replacement, len(spelled),
+                     ", ".join(files)))
+    print(f"fxfuse explain: {args.model}, target {report.target}: {report.total} rewrite(s), "
+          f"{len(report.rejected)} near-miss(es)")
+    header = ("#", "pattern", "root", "fused op", "nodes replaced", "files")
+    print(_table(rows, header))
+    if report.canonicalized:
+        print("canonicalized spellings: "
+              + ", ".join(f"{k} {v}" for k, v in report.canonicalized.items()))
+    if report.rejected:
+        print("near-misses:")
+        print(_table(report.rejected, ("pattern", "node", "reason")))
+    kind = "SVG" if svg else "Graphviz .dot (install pydot and Graphviz for SVG)"
+    print(f"drawings ({kind}) in {out_dir}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fxfuse")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -81,9 +258,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=16)
     p.add_argument("--cpu", action="store_true", help="stay on the CPU even with a GPU present")
+    p = sub.add_parser("explain", help="the report as a table, each rewrite drawn before/after")
+    p.add_argument("model", nargs="?", default=BUNDLED_MODEL, metavar="MODEL",
+                   help=f"{BUNDLED_MODEL!r} (default) or 'pkg.module:factory' returning "
+                        "(model, example_inputs)")
+    p.add_argument("--quant", choices=QUANT_KINDS, default=None,
+                   help="linear kind (the bundled block; passed as quant= to a factory)")
+    p.add_argument("--out", default="fxfuse_explain", help="folder for the drawings")
+    p.add_argument("--hidden", type=int, default=256, help="bundled block only")
+    p.add_argument("--layers", type=int, default=1, help="bundled block only")
+    p.add_argument("--batch", type=int, default=2, help="bundled block only")
+    p.add_argument("--seq", type=int, default=16, help="bundled block only")
     args = parser.parse_args(argv)
     if args.hidden % 128:
         parser.error("--hidden: must be a multiple of 128 (1x128 block quant)")
+    if args.command == "explain":
+        try:
+            return explain(args)
+        except ValueError as err:
+            if not str(err).startswith("MODEL:"):
+                raise
+            parser.error(str(err))
     return demo(args)
 
 

@@ -134,13 +134,19 @@ def _rewrite(rule: Rule, match: Match, outputs: list[fx.Node], ctx: Context) -> 
     stale = [n for old, new in zip(outputs, new_values) for n in _rewire(old, new, inside)]
     mutations = set(rule.mutations(match)) if rule.mutations else set()
     erased = _erase_dead(graph, match.nodes + stale, mutations)
+    # What the match covered, and what became dead with it (a cast only the match read, say).
+    replaced = tuple(dict.fromkeys(n.name for n in [*match.nodes, *erased]))
+    created_names = tuple(n.name for n in inserter.created)
+    ctx.report.sources.update(dict.fromkeys(created_names, replaced))
     if rule.canonical:
         ctx.report.canonicalized[rule.name] = ctx.report.canonicalized.get(rule.name, 0) + 1
     else:
         created = ", ".join(
             sorted({str(n.target) for n in inserter.created if str(n.target).startswith("fxfuse.")})
         )
-        ctx.report.add_rewrite(rule.name, match.root.name, created)
+        ctx.report.add_rewrite(
+            rule.name, match.root.name, created, replaced=replaced, created=created_names
+        )
     return erased
 
 

@@ -11,6 +11,10 @@ class Rewrite:
     node: str  # the root node that was replaced
     replacement: str  # the fused op
     detail: str = ""
+    # Names of the nodes the match covered and of the nodes the replacement created (for
+    # `fxfuse explain`); covered nodes made by an earlier rewrite are traced through `sources`.
+    replaced: tuple[str, ...] = ()
+    created: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
@@ -20,10 +24,20 @@ class FusionReport:
     rewrites: list[Rewrite] = dataclasses.field(default_factory=list)
     canonicalized: dict[str, int] = dataclasses.field(default_factory=dict)
     target: str = "cpu"
+    # Node made by a rewrite (canonicalization or fusion) -> names of the nodes its match covered.
+    sources: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
-    def add_rewrite(self, pattern: str, node: str, replacement: str, detail: str = "") -> None:
+    def add_rewrite(
+        self,
+        pattern: str,
+        node: str,
+        replacement: str,
+        detail: str = "",
+        replaced: tuple[str, ...] = (),
+        created: tuple[str, ...] = (),
+    ) -> None:
         self.counts[pattern] = self.counts.get(pattern, 0) + 1
-        self.rewrites.append(Rewrite(pattern, node, replacement, detail))
+        self.rewrites.append(Rewrite(pattern, node, replacement, detail, replaced, created))
 
     def reject(self, pattern: str, node: str, reason: str) -> None:
         entry = (pattern, node, reason)
@@ -37,6 +51,7 @@ class FusionReport:
             self.canonicalized[name] = self.canonicalized.get(name, 0) + count
         self.rejected.extend(r for r in other.rejected if r not in self.rejected)
         self.rewrites.extend(other.rewrites)
+        self.sources.update(other.sources)
         self.target = other.target
 
     @property
