@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -37,6 +39,7 @@ def apply_fusions(
         gm = model
         _ensure_fake_values(gm, example_inputs)
     elif isinstance(model, torch.nn.Module):
+        _warn_aliased(example_inputs)
         exported = torch.export.export(
             model, example_inputs, dynamic_shapes=dynamic_shapes, strict=False
         )
@@ -47,6 +50,21 @@ def apply_fusions(
     return gm
 
 
+def _warn_aliased(example_inputs: tuple) -> None:
+    """torch.export traces example tensors that share memory as aliases of one another: a model
+    exported with (x, x) computes with one input for both, whatever it is later called with."""
+    seen: dict[int, int] = {}
+    for i, t in enumerate(example_inputs):
+        if isinstance(t, torch.Tensor) and t.numel() and t.device.type != "meta":
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in seen:
+                warnings.warn(
+                    f"example_inputs: inputs {seen[ptr]} and {i} share memory; torch.export "
+                    "traces them as aliases, so the captured graph treats them as one tensor. "
+                    "Pass distinct tensors.",
+                    stacklevel=3,
+                )
+            seen.setdefault(ptr, i)
 
 
 def _is_aten_graph(gm: fx.GraphModule) -> bool:

@@ -153,3 +153,13 @@ def test_all_reduce_without_a_process_group_is_a_copy():
     assert torch.equal(out, x) and out.data_ptr() != x.data_ptr()
     with pytest.raises(ValueError, match="x"):
         fxfuse.ops.all_reduce([1.0])
+
+
+def test_aliased_example_inputs_warn(reference_path):
+    class Add(torch.nn.Module):
+        def forward(self, a, b):
+            return a + b
+
+    x = torch.randn(4, 8)
+    with pytest.warns(UserWarning, match="example_inputs: inputs 0 and 1 share memory"):
+        fxfuse.apply_fusions(Add(), (x, x))
