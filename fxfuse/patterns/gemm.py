@@ -208,13 +208,6 @@ def _quant_kind(m: Match) -> str:
     return m["quant"]
 
 
-def _q_dtype(m: Match) -> torch.dtype:
-    """The quantized activation's dtype, from its value (a captured graph may spell the op's
-    dtype argument as a ScalarType number)."""
-    node = m["fused"] if "fused" in m.bindings else m["quant"]
-    return val(node)[0].dtype
-
-
 def _chain_guard(m: Match, ctx) -> str | None:
     kind = _quant_kind(m)
     gemm_kind = "mxfp4" if m.root.target is fxfuse.gemm_mxfp4.default else "fp8"
@@ -226,8 +219,8 @@ def _chain_guard(m: Match, ctx) -> str | None:
     if kind == "fp8":
         if m["group_size"] not in PREQUANT_FP8_GROUPS:
             return f"FP8 group size {m['group_size']}: the GEMMs take per-token or 1×128"
-        if val(m["w"]).dtype != _q_dtype(m):
-            return f"weight {val(m['w']).dtype} and activation {_q_dtype(m)} differ"
+        if val(m["w"]).dtype != m["fp8_dtype"]:
+            return f"weight {val(m['w']).dtype} and activation {m['fp8_dtype']} differ"
         if m["scale_col_major"]:
             return "column-major activation scales"
     x = val(m["x"])
@@ -246,9 +239,7 @@ def _norm_chain_outputs(m: Match):
 
 
 def _norm_chain_replace(m: Match, ctx, insert: Inserter):
-    nq = tuple(
-        _q_dtype(m) if a == "fp8_dtype" and m["quant"] == "fp8" else m[a] for a in NORM_QUANT_ARGS
-    )
+    nq = tuple(m[a] for a in NORM_QUANT_ARGS)
     if m["fused"].target is fxfuse.add_rms_norm_quant.default:
         node = insert.call(
             fxfuse.add_rms_norm_quant_gemm.default,
@@ -267,7 +258,7 @@ def _quant_chain_replace(m: Match, ctx, insert: Inserter):
     if m["quant"].target is fxfuse.quant_mxfp4.default:
         quant = ("mxfp4", 0, torch.float8_e4m3fn, 0.0, False, False, m["rounding"])
     else:
-        quant = ("fp8", m["group_size"], _q_dtype(m), m["quant_eps"], m["eps_on_scale"],
+        quant = ("fp8", m["group_size"], m["fp8_dtype"], m["quant_eps"], m["eps_on_scale"],
                  m["apply_reciprocal"], "even")
     return [insert.call(fxfuse.quant_gemm.default, (m["x"], *quant, *_dispatch_args(m, ctx)))]
 
