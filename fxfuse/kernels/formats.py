@@ -16,7 +16,6 @@ import torch
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 MXFP4_BLOCK = 32
 MXFP4_ROUNDINGS = ("floor", "even", "ceil")
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 def fp8_max(dtype: torch.dtype) -> float:

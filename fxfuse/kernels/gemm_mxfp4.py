@@ -47,7 +47,7 @@ from fxfuse.kernels.gemm_ref import (
     _shape,
     check_gemm_mxfp4_args,
 )
-from fxfuse.kernels.rms_norm_quant import _e2m1_code, _e8m0_exponent, _load_f32
+from fxfuse.kernels.rms_norm_quant import _e2m1_code, _e8m0_exponent, _e8m0_factor, _load_f32
 from fxfuse.runtime.target import interpreting
 
 # fmt: off
@@ -94,9 +94,7 @@ def _quant_tile(x, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, ROUNDING: tl.const
     exponents (ROWS, BLOCK_K / 32) int32)."""
     blocks = tl.reshape(x, (ROWS, BLOCK_K // 32, 32))
     exponent = _e8m0_exponent(tl.max(tl.abs(blocks), axis=2), ROUNDING)
-    # 2^-e from its bits (exact); e = 127 needs the subnormal 2^-127.
-    factor = tl.where(exponent == 127, 0x400000, (127 - exponent) << 23)
-    codes = _e2m1_code(blocks * factor.to(tl.float32, bitcast=True)[:, :, None])
+    codes = _e2m1_code(blocks * _e8m0_factor(exponent)[:, :, None])
     return codes, exponent
 
 

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fxfuse.kernels.rms_norm_quant import _round_to
 from fxfuse.runtime import launch_tables
 from fxfuse.runtime.target import detect_target, interpreting
 
@@ -100,10 +101,8 @@ def _store_tile(
 ):
     """Write an fp32 (BLOCK_M, BLOCK_N) GEMM tile to the pieces, rounded to their dtype
     (EXACT_BF16: nearest-even from the bits; the interpreter's fp32 → bf16 cast truncates)."""
-    if EXACT_BF16:
-        bits = acc.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        vals = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    if EXACT_BF16:  # rounded exactly first, the cast back to bf16 is exact
+        vals = _round_to(acc, tl.bfloat16, True).to(tl.bfloat16)
     else:
         vals = acc.to(p0_ptr.dtype.element_ty)
     rows = offs_m.to(tl.int64)

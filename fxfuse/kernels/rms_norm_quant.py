@@ -184,6 +184,12 @@ def _e8m0_exponent(amax, ROUNDING: tl.constexpr):
 
 
 @triton.jit
+def _e8m0_factor(exponent):
+    """2^-exponent as fp32, from its bits (exact, no pow); e = 127 needs the subnormal 2^-127."""
+    return tl.where(exponent == 127, 0x400000, (127 - exponent) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _e2m1_code(v):
     """4-bit e2m1 code of fp32 v: nearest even on {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating."""
     mag = tl.abs(v)
@@ -202,9 +208,7 @@ def _mxfp4_quant(y, ROUNDING: tl.constexpr):
     """y (chunks, S, V) with one 32-element MX block per chunk: (packed bytes (chunks, S, V / 2),
     e8m0 scale bytes (chunks,))."""
     exponent = _e8m0_exponent(_chunk_max(tl.abs(y)), ROUNDING)
-    # 2^-e from its bits (exact, no pow); e = 127 needs the subnormal 2^-127.
-    factor = tl.where(exponent == 127, 0x400000, (127 - exponent) << 23)
-    codes = _e2m1_code(y * factor.to(tl.float32, bitcast=True)[:, None, None])
+    codes = _e2m1_code(y * _e8m0_factor(exponent)[:, None, None])
     even, odd = tl.split(tl.reshape(codes, (y.shape[0], y.shape[1], y.shape[2] // 2, 2)))
     return (even | (odd << 4)).to(tl.uint8), (exponent + 127).to(tl.uint8)
 
@@ -555,9 +559,7 @@ def _rms_norm_quant_rows_kernel(
             tl.store(scale_ptr + row * stride_sm + groups * stride_sg, scale, mask=group_ok & row_ok)
         elif QUANT == QUANT_MXFP4:
             exponent = _e8m0_exponent(tl.max(tl.abs(y), axis=1), MX_ROUNDING)
-            # 2^-e from its bits (exact, no pow); e = 127 needs the subnormal 2^-127.
-            factor = tl.where(exponent == 127, 0x400000, (127 - exponent) << 23)
-            codes = _e2m1_code(y * factor.to(tl.float32, bitcast=True)[:, None])
+            codes = _e2m1_code(y * _e8m0_factor(exponent)[:, None])
             even, odd = tl.split(tl.reshape(codes, (NG, G // 2, 2)))
             byte_cols = groups[:, None] * (G // 2) + tl.arange(0, G // 2)[None, :]
             tl.store(
