@@ -131,8 +131,15 @@ def sweep_candidates(m: int, k: int, base: dict) -> list[dict]:
     if m <= 128:
         block_m = max(16, min(128, 1 << (m - 1).bit_length()))
         grid = [
-            {"BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "num_stages": st}
-            for bn, bk, sk, st in itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8), (4,))
+            {"BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "num_stages": 4,
+             "SWAP_AB": 0, "num_warps": 4 if block_m < 128 else 8}
+            for bn, bk, sk in itertools.product((32, 64), (256,), (1, 2, 4, 8))
+        ]
+        # Swapped tiles: the weight rows fill the MMA's M (64 / 128), the tokens its N.
+        grid += [
+            {"BLOCK_M": min(block_m, 64), "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk,
+             "num_stages": 3 if bn * bk > 16384 else 4, "SWAP_AB": 1, "num_warps": 4}
+            for bn, bk, sk in itertools.product((64, 128), (128, 256), (1, 2, 4, 8))
         ]
     else:
         grid = [
@@ -294,6 +301,14 @@ def make_case(case: str, m: int, n: int, k: int, config: dict | None, check: boo
             else None
         )
     peers["bf16_linear"] = [lambda a=a: F.linear(a[0], a[5]) for a in inputs]
+    if case == "a8w8_rowwise" and config is None:
+        import fxfuse.runtime.gemm_ops  # noqa: F401  (registers torch.ops.fxfuse.gemm_fp8)
+
+        # The op a captured graph calls: the backend table may send it to torch._scaled_mm.
+        peers["fxfuse_op"] = [
+            lambda a=a: torch.ops.fxfuse.gemm_fp8(a[1], a[2], a[3], a[4], torch.bfloat16)
+            for a in inputs
+        ]
     return calls, peers
 
 

@@ -203,10 +203,10 @@ def sweep_configs(m: int) -> list[dict]:
     return configs
 
 
-def run_sweep(device, out_dir: str) -> None:
+def run_sweep(device, out_dir: str, buckets=SWEEP_BUCKETS) -> None:
     today = datetime.date.today().isoformat()
     best = []
-    for m in SWEEP_BUCKETS:
+    for m in buckets:
         sets = input_sets(m, KV_B, device)
         results = []
         for config in sweep_configs(m):
@@ -267,6 +267,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="folder for <suite>.json (default: none)")
     parser.add_argument("--sweep", action="store_true", help="also sweep sm90 launch configs")
     parser.add_argument("--sweep-only", action="store_true", help="only the sweep")
+    parser.add_argument("--sweep-m", type=int, nargs="+", default=list(SWEEP_BUCKETS),
+                        help="M buckets of the sweep")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes in the interpreter")
     args = parser.parse_args()
     if args.out:
@@ -306,7 +308,7 @@ def main() -> None:
             with open(os.path.join(args.out, f"{SUITE}.json"), "w") as f:
                 json.dump(result, f, indent=1)
     if args.sweep or args.sweep_only:
-        run_sweep(device, args.out or ".")
+        run_sweep(device, args.out or ".", tuple(args.sweep_m))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,10 @@ Tiling: (BLOCK_M, BLOCK_N) output tiles in GROUP_M-swizzled order for L2 reuse; 
 (skinny M, long K): program (tile, s) sums K-tiles [s·T, (s+1)·T); each writes its fp32 partial to
 a workspace and bumps the tile's counter; the last to arrive adds the SPLIT_K partials in split
 order (deterministic), applies the scales, stores, and resets the counter to 0 for the next launch.
+SWAP_AB (skinny M): the program computes the tile's transpose, dot(w (BLOCK_N, BLOCK_K), qᵀ), so
+the weight rows fill the MMA's M slot (64 on Hopper's wgmma) and the few tokens its N slot (16+),
+instead of padding a 16-row token tile up to the MMA's M; the sum is the same, the tile is
+transposed back before the epilogue.
 Loop trip counts are constexprs (K-tiles per split, chosen to divide the K-tiles evenly): Triton's
 interpreter cannot take a run-time `range` bound under numpy >= 2.4, and K is fixed per weight.
 
@@ -186,6 +190,7 @@ def _gemm_fp8_kernel(
     # meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, NUM_K_TILES: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
     pid_m, pid_n, tile_id = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
@@ -194,7 +199,8 @@ def _gemm_fp8_kernel(
     mask_m = offs_m < M
     mask_n = offs_n < N
     a_rows = a_ptr + offs_m[:, None].to(tl.int64) * stride_am
-    w_cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn
+    w_cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn  # (BLOCK_K, BLOCK_N) view
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # (BLOCK_N, BLOCK_K) (SWAP_AB)
     k_tile_start = pid_k * TILES_PER_SPLIT
     # Debug copies of the in-register quant (prequant only): the pid_n == 0 programs write them.
     write_q = pid_n == 0
@@ -213,20 +219,32 @@ def _gemm_fp8_kernel(
             amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
         row_scale = _fp8_scale(amax, quant_eps, FP8_MAX, EPS_ON_SCALE, CONST_DIV_AS_MUL)
         if WRITE_QUANT:
-            tl.store(q_scale_out_ptr + offs_m * stride_qsm, row_scale,
-                     mask=mask_m & write_q & (pid_k == 0))
+            if pid_k == 0:
+                tl.store(q_scale_out_ptr + offs_m * stride_qsm, row_scale, mask=mask_m & write_q)
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)  # outᵀ: N fills the MMA's M slot
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for i in range(TILES_PER_SPLIT):
         kt = k_tile_start + i
         offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
         if EVEN_K:
             mask_a = mask_m[:, None]
-            mask_w = mask_n[None, :]
         else:
             mask_a = mask_m[:, None] & (offs_k[None, :] < K)
-            mask_w = mask_n[None, :] & (offs_k[:, None] < K)
-        w_bits = tl.load(w_cols + offs_k[:, None] * stride_wk, mask=mask_w, other=0)
+        if SWAP_AB:
+            if EVEN_K:
+                mask_w = mask_n[:, None]
+            else:
+                mask_w = mask_n[:, None] & (offs_k[None, :] < K)
+            w_bits = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=mask_w, other=0)
+        else:
+            if EVEN_K:
+                mask_w = mask_n[None, :]
+            else:
+                mask_w = mask_n[None, :] & (offs_k[:, None] < K)
+            w_bits = tl.load(w_cols + offs_k[:, None] * stride_wk, mask=mask_w, other=0)
         a_ptrs = a_rows + offs_k[None, :] * stride_ak
         if A_KIND == A_FP8:
             a_bits = tl.load(a_ptrs, mask=mask_a, other=0)
@@ -264,10 +282,17 @@ def _gemm_fp8_kernel(
                               other=0.0)
             w_s = tl.load(w_scale_ptr + (offs_n // 128) * stride_wsn + kt * stride_wsk,
                           mask=mask_n, other=0.0)
-            acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
+            if SWAP_AB:
+                acc += tl.dot(w, tl.trans(a)) * (w_s[:, None] * a_s[None, :])
+            else:
+                acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
+        elif SWAP_AB:
+            acc = tl.dot(w, tl.trans(a), acc)
         else:
             acc = tl.dot(a, w, acc)
 
+    if SWAP_AB:
+        acc = tl.trans(acc)
     is_last = True
     if SPLIT_K > 1:
         acc, is_last = _split_k_reduce(
@@ -287,7 +312,11 @@ def _gemm_fp8_kernel(
 # launcher
 
 KERNEL_NAME = "gemm_fp8"
-CONFIG_FIELDS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")
+CONFIG_FIELDS = (
+    "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages", "SWAP_AB",
+)
+# Tables written before SWAP_AB existed (or other kernels' tables sharing this launcher) omit it.
+CONFIG_DEFAULTS = {"SWAP_AB": 0}
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ROW_AMAX_MODES = ("auto", "kernel", "prepass")
 # Per-token prequant: up to this many rows the GEMM finds the row amax itself (each program
@@ -317,7 +346,7 @@ def _table_config(kernel: str, target: str, m: int, n: int, k: int) -> dict:
 
 def launch_config(kernel: str, target: str, m: int, n: int, k: int, config: dict | None) -> dict:
     """The table's config for (m, n, k) on target, with `config`'s keys overriding it."""
-    resolved = dict(_table_config(kernel, target, m, n, k))
+    resolved = {**CONFIG_DEFAULTS, **_table_config(kernel, target, m, n, k)}
     if not config:
         return resolved  # validated on load
     if config:
@@ -327,8 +356,12 @@ def launch_config(kernel: str, target: str, m: int, n: int, k: int, config: dict
                 f"config: unknown keys {unknown}; expected a subset of {CONFIG_FIELDS}"
             )
         resolved.update(config)
+    if resolved["SWAP_AB"] not in (0, 1):
+        raise ValueError(f"config: SWAP_AB must be 0 or 1, got {resolved['SWAP_AB']!r}")
     for key in CONFIG_FIELDS:
         value = resolved[key]
+        if key == "SWAP_AB":
+            continue
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"config: {key} must be a positive int, got {value!r}")
         if key.startswith("BLOCK_") and (value < 16 or value & (value - 1)):
@@ -471,6 +504,7 @@ def _launch(
         SPLIT_K=split_k,
         NUM_K_TILES=_cdiv(k, bk),
         TILES_PER_SPLIT=tiles_per_split,
+        SWAP_AB=bool(cfg["SWAP_AB"]),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

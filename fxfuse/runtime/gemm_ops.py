@@ -10,19 +10,25 @@ call in one graph):
                                 activation tile in registers (A16W8 / A16WFP4 "prequant")
 
 Both sides quantize with the same arithmetic, so the quantized activations are the same bytes.
+The A8W8 rowwise GEMM has two implementations, picked per shape by the `gemm_fp8_backend` launch
+table (FXFUSE_GEMM_BACKEND=triton|vendor overrides): fxfuse's Triton kernel, or the vendor library
+through `torch._scaled_mm` where it is faster (on the H200: large M) and takes the layout.
 Without Triton (CPU, no interpreter) every op runs its torch reference.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
 from fxfuse.kernels import gemm_ref
 from fxfuse.kernels.rms_norm_quant_ref import quant_fp8_ref, quant_mxfp4_ref
 from fxfuse.runtime import norm_quant_ops
+from fxfuse.runtime import launch_tables
 from fxfuse.runtime.dispatch import use_triton
+from fxfuse.runtime.target import detect_target, interpreting
 
 
 def _fp8_kernels():
@@ -40,8 +46,70 @@ def _mxfp4_kernels():
 # --- canonical GEMMs ----------------------------------------------------------------------------
 
 
+BACKEND_TRITON = 1
+BACKEND_VENDOR = 2  # torch._scaled_mm: cuBLASLt on NVIDIA, hipBLASLt on ROCm
+GEMM_BACKEND_ENV = "FXFUSE_GEMM_BACKEND"
+GEMM_BACKENDS = ("auto", "triton", "vendor")
+
+
+def gemm_backend_override() -> str:
+    """FXFUSE_GEMM_BACKEND: "auto" (the launch table decides, the default), "triton" or "vendor"."""
+    value = os.environ.get(GEMM_BACKEND_ENV, "").strip() or "auto"
+    if value not in GEMM_BACKENDS:
+        raise ValueError(f"{GEMM_BACKEND_ENV}: unknown value {value!r}; expected one of {GEMM_BACKENDS}")
+    return value
+
+
+def _vendor_rowwise_ok(q, x_scale, w, w_scale, out_dtype) -> bool:
+    """torch._scaled_mm takes this A8W8 GEMM as it is: row-major q, K-contiguous w (a column-major
+    B), 16-aligned K and N, rowwise or tensorwise fp32 scales, bf16 out (what rowwise requires)."""
+    m, k = q.shape
+    n = w.shape[0]
+    return (
+        q.dtype == w.dtype == torch.float8_e4m3fn
+        and out_dtype == torch.bfloat16
+        and q.stride() == (k, 1)
+        and w.stride() == (k, 1)
+        and k % 16 == 0
+        and n % 16 == 0
+        and x_scale.dtype == w_scale.dtype == torch.float32
+        and x_scale.numel() in (1, m)
+        and w_scale.numel() in (1, n)
+    )
+
+
+def _use_vendor(q, x_scale, w, w_scale, out_dtype) -> bool:
+    choice = gemm_backend_override()
+    if choice == "triton" or q.device.type != "cuda" or interpreting():
+        return False
+    if gemm_ref.check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype) != gemm_ref.SCALE_ROWWISE:
+        return False  # blockscale stays on the Triton kernel
+    if not _vendor_rowwise_ok(q, x_scale, w, w_scale, out_dtype):
+        return False
+    if choice == "vendor":
+        return True
+    m, k = q.shape
+    target = detect_target(q.device)
+    config = launch_tables.lookup("gemm_fp8_backend", target, m=max(m, 1), n=w.shape[0], k=k)
+    return config["BACKEND"] == BACKEND_VENDOR
+
+
+def _gemm_fp8_vendor(q, x_scale, w, w_scale, out_dtype):
+    m, n = q.shape[0], w.shape[0]
+    a_s = x_scale.reshape(-1, 1).to(torch.float32)
+    b_s = w_scale.reshape(1, -1).to(torch.float32)
+    if a_s.numel() == 1 and b_s.numel() == 1:
+        a_s, b_s = a_s.reshape(()), b_s.reshape(())  # tensorwise
+    else:  # rowwise: both sides per row / per column
+        a_s = a_s.expand(m, 1).contiguous()
+        b_s = b_s.expand(1, n).contiguous()
+    return torch._scaled_mm(q, w.t(), a_s, b_s, out_dtype=out_dtype)
+
+
 def _gemm_fp8(q, x_scale, w, w_scale, out_dtype):
     if use_triton(q, w):
+        if _use_vendor(q, x_scale, w, w_scale, out_dtype):
+            return _gemm_fp8_vendor(q, x_scale, w, w_scale, out_dtype)
         return _fp8_kernels().gemm_fp8(q, x_scale, w, w_scale, out_dtype)
     return gemm_ref.gemm_fp8_ref(q, x_scale, w, w_scale, out_dtype)
 

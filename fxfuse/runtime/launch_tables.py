@@ -26,6 +26,7 @@ SHAPE_KEYS = ("m", "n", "k", "rows", "length", "topk", "d", "group")
 POWER_OF_TWO_PREFIXES = ("BLOCK_", "GROUP_")
 NUM_WARPS = (1, 2, 4, 8, 16)
 TABLE_TARGETS = ("sm90", "gfx950", "gfx942")
+FLAG_FIELDS = ("SWAP_AB",)  # 0 / 1 switches; every other field is a positive int
 
 
 class LaunchTableError(ValueError):
@@ -60,6 +61,10 @@ def _validate(table: dict, name: str) -> dict:
             if sorted(config) != sorted(fields):
                 raise LaunchTableError(f"{at}, entry {i}: config keys {sorted(config)} != {fields}")
             for key, value in config.items():
+                if key in FLAG_FIELDS:
+                    if value not in (0, 1) or isinstance(value, bool):
+                        raise LaunchTableError(f"{at}, entry {i}: {key} must be 0 or 1")
+                    continue
                 if not isinstance(value, int) or value < 1:
                     raise LaunchTableError(f"{at}, entry {i}: {key} must be a positive int")
                 if key.startswith(POWER_OF_TWO_PREFIXES) and value & (value - 1):

@@ -120,6 +120,44 @@ def test_split_k(split_k, scales):
     assert torch.equal(out, again), "split-K must be deterministic"
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 64, 256), (17, 40, 384), (32, 96, 512)])
+@pytest.mark.parametrize("scales", ["rowwise", "blockscale"])
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_swap_ab(m, n, k, scales, split_k):
+    """The skinny-M transposed tile (SWAP_AB) gives the same GEMM, masks and split-K included."""
+    x = _activations(m, k, seed=11)
+    block = scales == "blockscale"
+    q, x_scale = quant_fp8_ref(x, 128 if block else 0, FN)
+    w, w_scale = _weights(n, k, FN, block=block)
+    config = {**SMALL, "BLOCK_K": 128, "SPLIT_K": split_k, "SWAP_AB": 1}
+    out = gemm_fp8(q, x_scale, w, w_scale, torch.float32, config=config)
+    _check(out, q, x_scale, w, w_scale)
+    plain = gemm_fp8(q, x_scale, w, w_scale, torch.float32, config={**config, "SWAP_AB": 0})
+    assert _rel(out, plain) <= 1e-6
+
+
+@pytest.mark.parametrize("group_size,row_amax", [(0, "kernel"), (0, "prepass"), (128, "auto")])
+def test_swap_ab_prequant_bytes(group_size, row_amax):
+    m, n, k = 5, 48, 256
+    x = _activations(m, k, seed=12)
+    w, w_scale = _weights(n, k, FN, block=bool(group_size))
+    config = {**SMALL, "BLOCK_K": 128, "SPLIT_K": 2, "SWAP_AB": 1}
+    out, q, scale = gemm_a16w8(
+        x, w, w_scale, group_size=group_size, row_amax=row_amax, return_quant=True, config=config
+    )
+    ref_q, ref_scale = quant_fp8_ref(x, group_size, FN)
+    assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+    assert torch.equal(scale, ref_scale)
+    ref = gemm_fp8_ref(ref_q, ref_scale, w, w_scale, torch.float64, torch.float64)
+    assert _rel(out, ref) <= 1e-2
+
+
+def test_swap_ab_must_be_a_flag():
+    q, x_scale, w, w_scale = _good()
+    with pytest.raises(ValueError, match="SWAP_AB"):
+        gemm_fp8(q, x_scale, w, w_scale, config={"SWAP_AB": 2})
+
+
 def test_split_k_plan_divides_k_tiles():
     assert split_k_plan(7168, 128, 8) == (8, 7)
     assert split_k_plan(1536, 128, 8) == (6, 2)
