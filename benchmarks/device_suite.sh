@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader 2
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 for s in $STEPS; do
   case $s in
-    tests) step tests "${T_TESTS:-120}" python -m pytest -q -p no:cacheprovider tests/kernels -k "gpu or cuda" ;;
+    tests) step tests "${T_TESTS:-120}" python -m pytest -q -p no:cacheprovider ${TEST_FILES:-tests/kernels} -k "gpu or cuda" ;;
     gputests) step gputests "${T_TESTS:-150}" python -m pytest -q -p no:cacheprovider -m gpu tests ;;
     rms) step rms "${T_RMS:-90}" python benchmarks/bench_rms_norm_quant.py --out "$RES" ;;
     rms_sweep) step rms_sweep "${T_RMS_SWEEP:-150}" python benchmarks/bench_rms_norm_quant.py --sweep --out "$RES" ;;
