@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/bench_topk.py --out $OUT            # table + JSON
     PYTHONPATH=. python benchmarks/bench_topk.py --out $OUT --sweep    # sm90 launch table
+    PYTHONPATH=. python benchmarks/bench_topk.py --out $OUT --path both  # row vs multi path
     TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/bench_topk.py --cpu-smoke
 
 Cases (PERFORMANCE.md): DSA page transform (fp32 scores, full lengths, page size 64, a permuted
@@ -11,6 +12,9 @@ Peers: the torch spelling (masked_fill + torch.topk + gather / transform, or sca
 mask) eager and under torch.compile. Roofline: score bytes / 4.25 TB/s. Each case is checked
 against the torch reference (exact sets) before it is timed. Rows under ~50 us use
 do_bench_cudagraph over inputs rotated past the 60 MB L2; longer ones do_bench (it flushes L2).
+--path row / multi forces one top-k kernel path for the page-transform cases (default: auto, as
+the launch table dispatches); --path both times the row path as fxfuse_us and the multi-program
+path beside it as peers_us["fxfuse_multi"] (each checked first).
 """
 
 from __future__ import annotations
@@ -143,12 +147,14 @@ def _same_sets(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.sort(-1).values, b.sort(-1).values)
 
 
-def check_page_case(rows, length, k, device, sorted=False, config=None) -> tuple[bool, str]:
+def check_page_case(
+    rows, length, k, device, sorted=False, config=None, path=None
+) -> tuple[bool, str]:
     ((scores, lengths, table),) = page_inputs(rows, length, device, seed=rows + length + k)
     scores[:, ::97] = 0.5  # ties at many ranks
     lengths = lengths - torch.arange(rows, device=device, dtype=torch.int32) % 1000
     out = topk.topk_page_transform(
-        scores, k, lengths, table, PAGE_SIZE, sorted=sorted, config=config
+        scores, k, lengths, table, PAGE_SIZE, sorted=sorted, config=config, path=path
     )
     ref = topk_ref.topk_page_transform_ref(scores, k, lengths, table, PAGE_SIZE, sorted=sorted)
     ok = torch.equal(out, ref) if sorted else _same_sets(out, ref)
@@ -227,18 +233,18 @@ def run_table(args, device):
     cases = [(r, n, k, False) for k in args.topks for r, n in args.shapes]
     if (256, 131072) in args.shapes and 2048 in args.topks:
         cases.append((256, 131072, 2048, True))
+    paths = ("row", "multi") if args.path == "both" else (args.path,)
     for rows, length, k, sorted in cases:
         if time.time() - args.start > args.budget_s:
             print("time budget spent: skipping the remaining cases", flush=True)
             break
-        ok, detail = check_page_case(min(rows, 512), length, k, device, sorted)
-        checks.append({"case": f"page_transform {rows}x{length} k={k} sorted={sorted}", "ok": ok})
-        print(
-            f"check {rows}x{length} k={k} sorted={sorted}: {'ok' if ok else 'FAIL'} ({detail})",
-            flush=True,
-        )
-        failed |= not ok
-        rows_out.append(time_page_row(rows, length, k, sorted, device, compiled))
+        for path in paths:
+            ok, detail = check_page_case(min(rows, 512), length, k, device, sorted, path=path)
+            case = f"page_transform {rows}x{length} k={k} sorted={sorted} path={path}"
+            checks.append({"case": case, "ok": ok})
+            print(f"check {case}: {'ok' if ok else 'FAIL'} ({detail})", flush=True)
+            failed |= not ok
+        rows_out.append(time_page_row(rows, length, k, sorted, device, compiled, paths))
         print_row(rows_out[-1])
     if args.families:
         rows_out += time_block_table(device, args.inductor)
@@ -246,7 +252,8 @@ def run_table(args, device):
     return rows_out, checks, failed
 
 
-def time_page_row(rows, length, k, sorted, device, compiled):
+def time_page_row(rows, length, k, sorted, device, compiled, paths=("auto",)):
+    """fxfuse_us is the first of `paths`; a second one is timed beside it as a peer."""
     score_bytes = rows * length * 4
     roofline_us = score_bytes / COPY_BYTES_PER_US
     graph = roofline_us * 4 < GRAPH_BELOW_US
@@ -254,8 +261,13 @@ def time_page_row(rows, length, k, sorted, device, compiled):
         rows, length, device, seed=rows * 7 + length, copies=copies_for(score_bytes, graph)
     )
 
-    def fused(scores, lengths, table):
-        return topk.topk_page_transform(scores, k, lengths, table, PAGE_SIZE, sorted=sorted)
+    def fused(path):
+        def run(scores, lengths, table):
+            return topk.topk_page_transform(
+                scores, k, lengths, table, PAGE_SIZE, sorted=sorted, path=path
+            )
+
+        return run
 
     def eager(scores, lengths, table):
         return page_transform_chain(scores, lengths, table, k)
@@ -263,11 +275,12 @@ def time_page_row(rows, length, k, sorted, device, compiled):
     def inductor(scores, lengths, table):
         return compiled(scores, lengths, table, k)
 
-    fns = {
-        "fxfuse": Rotating(fused, sets),
-        "eager": Rotating(eager, sets),
-        "inductor": Rotating(inductor, sets),
-    }
+    fns = {"fxfuse": Rotating(fused(paths[0]), sets)}
+    for path in paths[1:]:
+        fns[f"fxfuse_{path}"] = Rotating(fused(path), sets)
+    fns["eager"] = Rotating(eager, sets)
+    if compiled is not None:
+        fns["inductor"] = Rotating(inductor, sets)
     for fn in fns.values():
         for _ in range(len(sets)):
             fn()
@@ -283,6 +296,7 @@ def time_page_row(rows, length, k, sorted, device, compiled):
         "peers_us": {name: round(v, 3) for name, v in peers.items()},
         "roofline_us": round(roofline_us, 3),
         "timing": "cudagraph" if graph else "do_bench",
+        "path": paths[0],
     }  # fmt: skip
 
 
@@ -350,7 +364,12 @@ def print_row(row):
         f"fxfuse {fx:9.2f} us  eager {peers['eager']:9.2f}  "
         f"inductor {peers.get('inductor', float('nan')):9.2f}  "
         f"roofline {roof:8.2f}  {fx / roof:5.2f}x roofline  {peers['eager'] / fx:6.2f}x eager  "
-        f"[{row['timing']}]",
+        + "".join(
+            f"{name} {v:9.2f} ({v / roof:5.2f}x roofline)  "
+            for name, v in peers.items()
+            if name.startswith("fxfuse_")
+        )
+        + f"[{row['timing']}{', path ' + row['path'] if 'path' in row else ''}]",
         flush=True,
     )
 
@@ -397,13 +416,21 @@ def run_sweep(args, device):
 
 
 def sweep_table(best: dict, source: str) -> dict:
-    """The sm90 block of topk.json: shape buckets by length, then rows."""
+    """The sm90 block of topk.json: shape buckets by length, then rows. The sweep covers the
+    row path's fields; the multi-program path's fields keep the current table's values."""
     entries = []
     for (rows, length), cfg in sorted(best.items(), key=lambda item: (item[0][1], item[0][0])):
+        current = launch_tables.lookup(topk.KERNEL_NAME, "sm90", rows=rows, length=length)
         entries.append(
-            {"when": {"length_max": length, "rows_max": max(rows * 4, 4)}, "config": dict(cfg)}
+            {
+                "when": {"length_max": length, "rows_max": max(rows * 4, 4)},
+                "config": {**current, **cfg},
+            }
         )
-    last = dict(entries[-1]["config"]) if entries else dict(SWEEP_CONFIGS[0])
+    if entries:
+        last = dict(entries[-1]["config"])
+    else:
+        last = {**launch_tables.lookup(topk.KERNEL_NAME, "sm90"), **SWEEP_CONFIGS[0]}
     entries.append({"when": {}, "config": last})
     return {"timed": True, "source": source, "entries": entries}  # fmt: skip
 
@@ -419,14 +446,18 @@ def cpu_smoke():
     for name, ok in check_families(device):
         print(f"check {name}: {'ok' if ok else 'FAIL'}")
         failed |= not ok
-    for rows, length, k, sorted, cfg in (
-        (2, 3000, 64, False, None),
-        (2, 3000, 64, True, {"BLOCK": 256}),
-        (1, 4000, 128, False, {"BLOCK": 256, "SEGMENTS": 3}),
+    multi = {"MULTI_BLOCK": 256, "MULTI_CHUNKS": 2, "MULTI_SAMPLE": 256}
+    for rows, length, k, sorted, cfg, path in (
+        (2, 3000, 64, False, None, "row"),
+        (2, 3000, 64, True, {"BLOCK": 256}, "row"),
+        (1, 4000, 128, False, {"BLOCK": 256, "SEGMENTS": 3}, "row"),
+        (2, 3000, 64, False, multi, "multi"),
+        (2, 3000, 64, True, {**multi, "MULTI_ESTIMATE": 0}, "multi"),
     ):
-        ok, detail = check_page_case(rows, length, k, device, sorted, cfg)
+        ok, detail = check_page_case(rows, length, k, device, sorted, cfg, path)
         print(
-            f"check page transform {rows}x{length} k={k} sorted={sorted} {cfg}: {'ok' if ok else 'FAIL'} ({detail})"
+            f"check page transform {rows}x{length} k={k} sorted={sorted} {cfg} path={path}: "
+            f"{'ok' if ok else 'FAIL'} ({detail})"
         )
         failed |= not ok
     scores, lengths, table = page_inputs(2, 3000, device, 0)[0]
@@ -458,6 +489,12 @@ def main():
         "--shapes", type=_shapes, default=list(SHAPES), help="rows x length list: 1x8192,256x131072"
     )
     parser.add_argument("--topks", type=int, nargs="+", default=list(TOPKS))
+    parser.add_argument(
+        "--path",
+        choices=("auto", "row", "multi", "both"),
+        default="auto",
+        help="top-k kernel path of the page-transform cases; both: row and multi side by side",
+    )
     parser.add_argument("--no-inductor", dest="inductor", action="store_false")
     parser.add_argument(
         "--no-families",

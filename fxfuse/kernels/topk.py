@@ -29,6 +29,34 @@ Few long rows: phases 1–2 run per segment of a row (STAGE_SEGMENT, one program
 exact top-k per segment into a pair area), then one program per row selects the top-k of the
 union (STAGE_MERGE). Ties stay exact: the merge breaks them by index bits.
 
+Many long rows (the multi-program path: index and page epilogues, full or per-row lengths,
+row_starts; dispatch by the launch table's MULTI_MIN_LENGTH / MULTI_MIN_ELEMENTS, or forced by
+`path=` / $FXFUSE_TOPK_PATH). The row path reads ~1.5 GB/s per program; this one reads each
+score once in the common case, spread over one program per (row, segment):
+0. Sample (one program per row): MULTI_SAMPLE scores in evenly spaced runs of 16; the estimate
+   is the rank-r key of the sample with r = 1.5 k · sample / n (>= sample / 128), the exact
+   k-th key when the row fits the sample. About 1.5 k of the row's keys reach it.
+1. MULTI_FIRST (one program per segment of MULTI_BLOCK x MULTI_CHUNKS scores): stream the
+   segment once; keys >= the estimate go to the row's candidate area (one atomic per chunk
+   reserves the slots), and the maxima of the MULTI_BLOCK strided groups {j + c·BLOCK} are
+   stored. The segment that finishes last (a per-row ticket, acq_rel: every segment's stores
+   are visible to it) finishes the row: k <= m <= CAP candidates -> exact select (radix over
+   the key in registers, then over the index bits among the k-th key's ties) and the epilogue.
+   Otherwise the estimate missed: it stores the bound = the k-th largest group maximum (at
+   least k groups, hence k scores, reach it: BLOCK >= k makes >= k groups non-empty) and
+   flags the row.
+2. MULTI_RETRY (always launched; unflagged rows return at once): the flagged rows collect the
+   keys >= the bound (for iid scores ~1.1-1.2 k) and finish the same way; more than CAP (a
+   constant row, scores equal in most of their bits) takes the row path's exact one-program
+   stream + select over the whole row. Rows no longer than k take that machinery in
+   MULTI_FIRST (identity, or sorted, then padding).
+Why not an exact histogram of the top 11 bits in a first pass: tl.histogram lowers to warp
+ballots plus one popcount per bin per 32 lanes, ~8 warp instructions per score for 2048 bins
+(~250 us at 256 x 128K), and two full reads are 64 us at 4.25 TB/s, the bar itself. Row groups
+for L2 reuse are unneeded while one read suffices; rows are launched in groups only to bound
+the scratch (MULTI_SCRATCH_BYTES). Per-row state is zeroed by the launcher each call, so
+CUDA-graph replays start clean; no host sync on data.
+
 Layouts: scores (R, L) any strides; lengths / row_starts / row_to_batch / positions (R,) or
 (Q,) int32 / int64; page_table (B, P) int32 / int64, any strides. Outputs int32 (R, k), block
 pages (R, k·ppb), ctx (R,); masks (R, L·block_size) bool or float, any two values (stored as bit
@@ -37,6 +65,8 @@ its top-k) spans all L columns but reads only the first lengths[r]; the rest ran
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -72,6 +102,22 @@ FORCED_KEY = tl.constexpr(0xFFFFFFFE)
 NEG_INF_KEY = tl.constexpr(0x007FFFFF)  # _ordered_key(-inf)
 INDEX_MASK = tl.constexpr(0x7FFFFFFF)  # tie passes rank by INDEX_MASK - index: lower index higher
 INDEX_BITS = tl.constexpr(31)
+
+# The multi-program path (module docstring, "Many long rows").
+MULTI_FIRST = tl.constexpr(0)      # every segment streamed once: candidates >= the sample estimate
+MULTI_RETRY = tl.constexpr(1)      # rows whose estimate failed: candidates >= the group-max bound
+# Per-row state words (int32, zeroed by the launcher each call).
+ST_ESTIMATE = tl.constexpr(0)      # the sample estimate (a key)
+ST_COUNT = tl.constexpr(1)         # candidates appended in MULTI_FIRST
+ST_TICKET = tl.constexpr(2)        # segments of MULTI_FIRST done
+ST_BOUND = tl.constexpr(3)         # the group-max bound (a key) for MULTI_RETRY
+ST_RETRY = tl.constexpr(4)         # 1: the row takes MULTI_RETRY
+ST_RETRY_COUNT = tl.constexpr(5)
+ST_RETRY_TICKET = tl.constexpr(6)
+STATE_WORDS = tl.constexpr(8)
+SELECT_BITS = tl.constexpr(5)      # 32-bin histograms: the fewest ballots per resolved bit
+FALLBACK_BLOCK = tl.constexpr(1024)  # chunk of the whole-row fallback (the row path's machinery)
+SAMPLE_SECTOR = tl.constexpr(16)   # consecutive scores per sample position (one 64 B line of fp32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,7 +187,9 @@ def _compact(
             offs = start + offs0
             key = tl.load(keys_ptr + src + offs, mask=offs < count, other=0)
             key = key.to(tl.uint32, bitcast=True)
-            match = (offs < count) & ((s >= 32) | ((key >> tl.minimum(s, 31)) == prefix))
+            # tl.where, not `scalar | tensor`: the interpreter (triton 3.9) widens a broadcast
+            # scalar bool to int32, which a load / store mask rejects.
+            match = (offs < count) & tl.where(s >= 32, True, (key >> tl.minimum(s, 31)) == prefix)
             digit = ((key >> s_next) & digit_mask).to(tl.int32)
             hist += tl.histogram(digit, NUM_BINS, mask=match)
             start += BLOCK
@@ -264,9 +312,11 @@ def _select(
             v = tl.where(by_index != 0, (idx ^ 0x7FFFFFFF).to(tl.uint32), key)
             digit = ((v >> s_next) & digit_mask).to(tl.int32)
             present = key != 0
-            take = present & ((digit > b) | (final & (digit == b)))
+            in_b = digit == b
+            take = present & ((digit > b) | tl.where(final, in_b, False))
             n_out = _append(keys_ptr, idx_ptr, out, n_out, key, idx, take)
-            kept = _append(keys_ptr, idx_ptr, nxt, kept, key, idx, present & (digit == b) & ~final)
+            keep = present & tl.where(final, False, in_b)
+            kept = _append(keys_ptr, idx_ptr, nxt, kept, key, idx, keep)
             start += BLOCK
         need = k - n_out
         m = kept
@@ -449,14 +499,354 @@ def _topk_kernel(
         item += num_programs
 
 
+# ---------------------------------------------------------------------------------------------
+# multi-program path: helpers
+
+
+@triton.jit
+def _row_window(row, length, lengths_ptr, starts_ptr, LENGTHS: tl.constexpr,
+                HAS_STARTS: tl.constexpr):
+    """(n, start) of row `row`: it reads scores[row, start : start + n]."""
+    n = length
+    if LENGTHS == LEN_ARRAY:
+        n = tl.load(lengths_ptr + row).to(tl.int32)
+    start = 0
+    if HAS_STARTS:
+        start = tl.minimum(tl.maximum(tl.load(starts_ptr + row).to(tl.int32), 0), length)
+    n = tl.minimum(tl.maximum(n, 0), length - start)
+    return n, start
+
+
+@triton.jit
+def _radix_edge(v, match, need, s, RADIX_BITS: tl.constexpr):
+    """Radix descent over the uint32 tile v[match] (need <= its size) for the need-th largest,
+    from bit s down, stopping as soon as a bin holds exactly the rest. Returns (prefix, s, need,
+    in_bin): the elements with v >> s > prefix are above it, the in_bin ones with
+    v >> s == prefix tie with it and `need` of them complete the set (all when in_bin == need;
+    otherwise s is 0)."""
+    NUM_BINS: tl.constexpr = 1 << RADIX_BITS
+    s = tl.full((), 0, tl.int32) + s
+    prefix = tl.full((), 0, tl.uint32)
+    in_bin = need + 1
+    while (s > 0) & (in_bin != need):
+        s_next = tl.maximum(s - RADIX_BITS, 0)
+        digit_mask = (1 << (s - s_next)) - 1
+        sel = match & tl.where(s >= 32, True, (v >> tl.minimum(s, 31)) == prefix)
+        digit = ((v >> s_next) & digit_mask).to(tl.int32)
+        hist = tl.histogram(digit, NUM_BINS, mask=sel)
+        b, above, in_bin = _pick_bin(hist, need, NUM_BINS)
+        need -= above
+        prefix = (prefix << (s - s_next)) | tl.maximum(b, 0).to(tl.uint32)
+        s = s_next
+    return prefix, s, need, in_bin
+
+
+@triton.jit
+def _radix_edge_global(keys_ptr, base, count, need, BLOCK: tl.constexpr,
+                       RADIX_BITS: tl.constexpr):
+    """A key edge with #(keys >= edge) >= need <= #(present keys) among the `count` keys at
+    base (0 = absent), written by other programs: the need-th largest, or the lower edge of a
+    bin that ends the descent early (then exactly `need` keys are >= it)."""
+    NUM_BINS: tl.constexpr = 1 << RADIX_BITS
+    offs0 = tl.arange(0, BLOCK)
+    s = tl.full((), 32, tl.int32)
+    prefix = tl.full((), 0, tl.uint32)
+    in_bin = need + 1
+    while (s > 0) & (in_bin != need):
+        s_next = tl.maximum(s - RADIX_BITS, 0)
+        digit_mask = (1 << (s - s_next)) - 1
+        hist = tl.zeros((NUM_BINS,), tl.int32)
+        start = 0
+        while start < count:
+            offs = start + offs0
+            ok = offs < count
+            key = tl.load(keys_ptr + base + offs, mask=ok, other=0, cache_modifier=".cg")
+            key = key.to(tl.uint32, bitcast=True)
+            sel = ok & (key != 0) & tl.where(s >= 32, True, (key >> tl.minimum(s, 31)) == prefix)
+            digit = ((key >> s_next) & digit_mask).to(tl.int32)
+            hist += tl.histogram(digit, NUM_BINS, mask=sel)
+            start += BLOCK
+        b, above, in_bin = _pick_bin(hist, need, NUM_BINS)
+        need -= above
+        prefix = (prefix << (s - s_next)) | tl.maximum(b, 0).to(tl.uint32)
+        s = s_next
+    return prefix << s
+
+
+@triton.jit
+def _select_candidates(
+    keys_ptr, idx_ptr, src, m, k, dst, idx_bits, CAP: tl.constexpr, RADIX_BITS: tl.constexpr,
+):
+    """Exactly the top k of the k <= m <= CAP candidate pairs at src (stored by other programs),
+    lower index first among equal keys, into dst .. dst + k - 1 (any order)."""
+    offs = tl.arange(0, CAP)
+    valid = offs < m
+    key = tl.load(keys_ptr + src + offs, mask=valid, other=0, cache_modifier=".cg")
+    key = key.to(tl.uint32, bitcast=True)
+    idx = tl.load(idx_ptr + src + offs, mask=valid, other=0, cache_modifier=".cg")
+    prefix, s, need, in_bin = _radix_edge(key, valid, k, 32, RADIX_BITS)
+    above = valid & ((key >> s) > prefix)
+    tie = valid & ((key >> s) == prefix)
+    take_tie = tie
+    if in_bin != need:
+        # The k-th key itself is tied (s == 0): its `need` lowest indices win. Indices are
+        # distinct, so this descent always ends with a bin of exactly `need`.
+        rank = (idx ^ ((1 << idx_bits) - 1)).to(tl.uint32)
+        r_prefix, r_s, _, _ = _radix_edge(rank, tie, need, idx_bits, RADIX_BITS)
+        take_tie = tie & ((rank >> r_s) >= r_prefix)
+    take = above | take_tie
+    pos = dst + tl.cumsum(take.to(tl.int32), 0) - 1
+    tl.store(keys_ptr + pos, key.to(tl.int32, bitcast=True), mask=take)
+    tl.store(idx_ptr + pos, idx, mask=take)
+
+
+@triton.jit
+def _collect_segment(
+    scores_ptr, row_off, stride_sl, n_seg, seg_start, lo, keys_ptr, idx_ptr, area, count_ptr,
+    gmax_ptr, gmax_at,
+    COLLECT: tl.constexpr, GROUP_MAX: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
+):
+    """Stream one segment (n_seg scores from row_off) once: append the keys >= lo to the row's
+    candidate area (slots from the row's counter; those past CAP are counted, not stored) and
+    store the maxima of the BLOCK strided groups {j + c·BLOCK} (0 for an empty group)."""
+    offs0 = tl.arange(0, BLOCK)
+    gmax = tl.zeros((BLOCK,), tl.uint32)
+    x_next = tl.load(scores_ptr + row_off + offs0 * stride_sl, mask=offs0 < n_seg, other=0.0)
+    start = 0
+    while start < n_seg:
+        offs = start + offs0
+        valid = offs < n_seg
+        x = x_next
+        # Issue the next chunk's load before this chunk's work: it overlaps it.
+        offs_next = offs + BLOCK
+        x_next = tl.load(
+            scores_ptr + row_off + offs_next * stride_sl, mask=offs_next < n_seg, other=0.0
+        )
+        key = _ordered_key(x, valid)
+        if GROUP_MAX:
+            gmax = tl.maximum(gmax, key)
+        if COLLECT:
+            cand = valid & (key >= lo)
+            n_cand = tl.sum(cand.to(tl.int32), 0)
+            if n_cand > 0:
+                # One atomic per chunk reserves the chunk's slots; the scan orders them.
+                base = tl.atomic_add(count_ptr, n_cand, sem="relaxed")
+                pos = base + tl.cumsum(cand.to(tl.int32), 0) - 1
+                ok = cand & (pos < CAP)
+                tl.store(keys_ptr + area + pos, key.to(tl.int32, bitcast=True), mask=ok)
+                tl.store(idx_ptr + area + pos, seg_start + offs, mask=ok)
+        start += BLOCK
+    if GROUP_MAX:
+        tl.store(gmax_ptr + gmax_at + offs0, gmax.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _emit(
+    keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, out_ptr, page_table_ptr,
+    row_to_batch_ptr, pt_cols, stride_or, stride_ptb, stride_ptp,
+    EPILOGUE: tl.constexpr, SORT: tl.constexpr, HAS_ROW_TO_BATCH: tl.constexpr,
+    LOG2_PAGE: tl.constexpr, K_PAD: tl.constexpr,
+):
+    """_finish for the index / page epilogues (every slot of the output row written)."""
+    _finish(
+        keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, 0, 0, 0,
+        out_ptr, out_ptr, out_ptr, page_table_ptr, row_to_batch_ptr, pt_cols,
+        stride_or, 0, stride_ptb, stride_ptp,
+        EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, 0, 0, 1, 1, 0, K_PAD,
+    )
+
+
+@triton.jit
+def _whole_row(
+    scores_ptr, row_off, stride_sl, n, keys_ptr, idx_ptr, area, k,
+    K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
+):
+    """The row path's stream + select over a whole row in one program (short rows, and rows
+    whose candidates overflow: constant rows, scores equal in most of their bits). Returns
+    (the selected slots' offset, how many)."""
+    CAP_FB: tl.constexpr = 2 * FB_BLOCK + K_PAD
+    count, src, dst = _stream(
+        scores_ptr, row_off, stride_sl, n, n, 0, keys_ptr, idx_ptr, area, area + CAP_FB, k,
+        0, 0, 0, False, CAP_FB, FB_BLOCK, RADIX_BITS,
+    )
+    out_slots = area + 2 * CAP_FB
+    n_sel = _select(keys_ptr, idx_ptr, src, dst, out_slots, count, k, FB_BLOCK, RADIX_BITS)
+    return out_slots, n_sel
+
+
+# ---------------------------------------------------------------------------------------------
+# multi-program path: kernels
+
+
+@triton.jit(do_not_specialize=["length", "row_base"])
+def _topk_sample_kernel(
+    # pointers
+    scores_ptr, lengths_ptr, starts_ptr, state_ptr,
+    # sizes and scalars
+    length, k, row_base,
+    # strides, in elements
+    stride_sr, stride_sl,
+    # switches and meta-parameters
+    LENGTHS: tl.constexpr, HAS_STARTS: tl.constexpr, SAMPLE: tl.constexpr,
+    SECTOR: tl.constexpr, MIN_RANK: tl.constexpr, RADIX_BITS: tl.constexpr,
+):
+    """Per row: the estimate, a key whose count in the row should be ~1.5 k (exact when the
+    whole row fits the sample)."""
+    row = row_base + tl.program_id(0)
+    row64 = row.to(tl.int64)
+    n, start = _row_window(row, length, lengths_ptr, starts_ptr, LENGTHS, HAS_STARTS)
+    if n > k:
+        offs = tl.arange(0, SAMPLE)
+        if n <= SAMPLE:
+            pos = offs
+            valid = offs < n
+            rank = k
+        else:
+            # SAMPLE / SECTOR runs of SECTOR consecutive scores, evenly spaced.
+            stride = n // (SAMPLE // SECTOR)
+            pos = (offs // SECTOR) * stride + offs % SECTOR
+            valid = offs < SAMPLE
+            rank = (3 * k * SAMPLE + 2 * n - 1) // (2 * n)  # 1.5 k scaled to the sample
+            rank = tl.minimum(tl.maximum(rank, MIN_RANK), SAMPLE)
+        row_off = row64 * stride_sr + tl.cast(start, tl.int64) * stride_sl
+        x = tl.load(scores_ptr + row_off + pos * stride_sl, mask=valid, other=0.0)
+        key = _ordered_key(x, valid)
+        prefix, s, _, _ = _radix_edge(key, valid, rank, 32, RADIX_BITS)
+        estimate = (prefix << s).to(tl.int32, bitcast=True)
+        tl.store(state_ptr + row64 * STATE_WORDS + ST_ESTIMATE, estimate)
+
+
+@triton.jit(do_not_specialize=["length", "pt_cols", "row_base", "idx_bits"])
+def _topk_multi_kernel(
+    # pointers
+    scores_ptr, lengths_ptr, starts_ptr, row_to_batch_ptr, page_table_ptr, out_ptr, state_ptr,
+    keys_ptr, idx_ptr, gmax_ptr,
+    # sizes and scalars
+    length, k, pad, pt_cols, row_base, num_segments, idx_bits,
+    # strides, in elements
+    stride_sr, stride_sl, stride_or, stride_ptb, stride_ptp,
+    # switches
+    STAGE: tl.constexpr, LENGTHS: tl.constexpr, HAS_STARTS: tl.constexpr,
+    HAS_ROW_TO_BATCH: tl.constexpr, EPILOGUE: tl.constexpr, SORT: tl.constexpr,
+    LOG2_PAGE: tl.constexpr, ESTIMATE: tl.constexpr,
+    # meta-parameters
+    BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CAP: tl.constexpr, AREA: tl.constexpr,
+    K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
+):
+    """One program per (row of this group, segment); see the module docstring."""
+    SEGMENT: tl.constexpr = BLOCK * CHUNKS
+    pid = tl.program_id(0)
+    local = pid // num_segments  # the row's slot in this group's scratch
+    seg = pid % num_segments
+    row = row_base + local
+    row64 = row.to(tl.int64)
+    state = state_ptr + row64 * STATE_WORDS
+    area = local * AREA  # candidates [0, CAP), selected [CAP, CAP + K_PAD); fallback all
+    gmax_row = local * (num_segments * BLOCK)
+    n, start = _row_window(row, length, lengths_ptr, starts_ptr, LENGTHS, HAS_STARTS)
+    seg_start = seg * SEGMENT
+    n_segments = (n + SEGMENT - 1) // SEGMENT  # segments holding scores: one ticket each
+    row_off = row64 * stride_sr + tl.cast(start, tl.int64) * stride_sl
+    seg_off = row_off + tl.cast(seg_start, tl.int64) * stride_sl
+    n_seg = tl.minimum(n - seg_start, SEGMENT)
+    if STAGE == MULTI_FIRST:
+        if n <= k:
+            if seg == 0:  # the whole row is the set: identity (or sorted) then padding
+                out_slots, n_sel = _whole_row(
+                    scores_ptr, row_off, stride_sl, n, keys_ptr, idx_ptr, area, k, K_PAD,
+                    FB_BLOCK, RADIX_BITS,
+                )
+                _emit(
+                    keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, out_ptr,
+                    page_table_ptr, row_to_batch_ptr, pt_cols, stride_or, stride_ptb,
+                    stride_ptp, EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, K_PAD,
+                )
+        elif seg_start < n:
+            lo = tl.full((), 0xFFFFFFFF, tl.uint32)  # above every key: nothing collected
+            if ESTIMATE:
+                lo = tl.load(state + ST_ESTIMATE).to(tl.uint32, bitcast=True)
+            _collect_segment(
+                scores_ptr, seg_off, stride_sl, n_seg, seg_start, lo, keys_ptr, idx_ptr, area,
+                state + ST_COUNT, gmax_ptr, gmax_row + seg * BLOCK,
+                ESTIMATE, True, BLOCK, CAP,
+            )
+            # Every thread's stores land before the ticket (release); the last segment to
+            # finish sees them all (acquire) and finishes the row.
+            tl.debug_barrier()
+            ticket = tl.atomic_add(state + ST_TICKET, 1, sem="acq_rel")
+            if ticket == n_segments - 1:
+                m = tl.atomic_add(state + ST_COUNT, 0, sem="acquire")
+                if (m >= k) & (m <= CAP):
+                    _select_candidates(
+                        keys_ptr, idx_ptr, area, m, k, area + CAP, idx_bits, CAP, RADIX_BITS
+                    )
+                    _emit(
+                        keys_ptr, idx_ptr, area + CAP, k, k, pad, row, row64, out_ptr,
+                        page_table_ptr, row_to_batch_ptr, pt_cols, stride_or, stride_ptb,
+                        stride_ptp, EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, K_PAD,
+                    )
+                else:
+                    # The estimate missed (fewer than k above it, or more than CAP): at least
+                    # k groups have a maximum >= the k-th largest group maximum, so at least
+                    # k scores do; MULTI_RETRY collects those.
+                    bound = _radix_edge_global(
+                        gmax_ptr, gmax_row, n_segments * BLOCK, k, BLOCK, RADIX_BITS
+                    )
+                    tl.store(state + ST_BOUND, bound.to(tl.int32, bitcast=True))
+                    tl.store(state + ST_RETRY, 1)
+    else:
+        retry = tl.load(state + ST_RETRY)
+        if (retry != 0) & (seg_start < n):
+            lo = tl.load(state + ST_BOUND).to(tl.uint32, bitcast=True)
+            _collect_segment(
+                scores_ptr, seg_off, stride_sl, n_seg, seg_start, lo, keys_ptr, idx_ptr, area,
+                state + ST_RETRY_COUNT, gmax_ptr, 0,
+                True, False, BLOCK, CAP,
+            )
+            tl.debug_barrier()
+            ticket = tl.atomic_add(state + ST_RETRY_TICKET, 1, sem="acq_rel")
+            if ticket == n_segments - 1:
+                m = tl.atomic_add(state + ST_RETRY_COUNT, 0, sem="acquire")
+                if (m >= k) & (m <= CAP):
+                    _select_candidates(
+                        keys_ptr, idx_ptr, area, m, k, area + CAP, idx_bits, CAP, RADIX_BITS
+                    )
+                    out_slots = area + CAP
+                    n_sel = k
+                else:
+                    # More than CAP keys reach the bound (a constant row, scores equal in
+                    # most bits): the exact one-program machinery of the row path.
+                    out_slots, n_sel = _whole_row(
+                        scores_ptr, row_off, stride_sl, n, keys_ptr, idx_ptr, area, k, K_PAD,
+                        FB_BLOCK, RADIX_BITS,
+                    )
+                _emit(
+                    keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, out_ptr,
+                    page_table_ptr, row_to_batch_ptr, pt_cols, stride_or, stride_ptb,
+                    stride_ptp, EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, K_PAD,
+                )
+
+
 # fmt: on
 # ---------------------------------------------------------------------------------------------
 # launchers
 
 KERNEL_NAME = "topk"
 CONFIG_FIELDS = ("BLOCK", "RADIX_BITS", "PROGRAMS_PER_SM", "num_warps")
-# Not in the table: chosen per call (SEGMENTS > 1 splits each row over that many programs).
-OVERRIDE_FIELDS = (*CONFIG_FIELDS, "SEGMENTS")
+# The multi-program path: when it is taken (MIN_LENGTH, MIN_ELEMENTS = rows · length), its
+# chunk, chunks per segment, candidate capacity, sample size and warps.
+MULTI_FIELDS = (
+    "MULTI_MIN_LENGTH", "MULTI_MIN_ELEMENTS", "MULTI_BLOCK", "MULTI_CHUNKS", "MULTI_CAP",
+    "MULTI_SAMPLE", "MULTI_WARPS",
+)  # fmt: skip
+TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
+# Not in the table: chosen per call (SEGMENTS > 1 splits each row over that many programs;
+# MULTI_ESTIMATE 0 skips the sample estimate, every long row then takes MULTI_RETRY).
+OVERRIDE_FIELDS = (*TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE")
+PATHS = ("auto", "row", "multi")
+PATH_ENV = "FXFUSE_TOPK_PATH"
+# Scratch of the multi-program path per launch group; more rows run as several groups.
+MULTI_SCRATCH_BYTES = 256 * 2**20
 MAX_K = 2048
 INDEX_DTYPES = (torch.int32, torch.int64)
 # The interpreter runs programs one after another: a small persistent grid suffices.
@@ -511,6 +901,7 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
         raise ValueError(f"target: unknown {target!r}; expected one of {TARGETS}")
     resolved = launch_tables.lookup(KERNEL_NAME, target, rows=rows, length=length, topk=k)
     resolved["SEGMENTS"] = 0  # 0: decided by _num_segments
+    resolved["MULTI_ESTIMATE"] = 1
     if config:
         unknown = sorted(set(config) - set(OVERRIDE_FIELDS))
         if unknown:
@@ -518,20 +909,41 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
                 f"config: unknown keys {unknown}; expected a subset of {OVERRIDE_FIELDS}"
             )
         resolved.update(config)
-    block, radix, per_sm, warps, segments = (resolved[f] for f in OVERRIDE_FIELDS)
-    if not isinstance(block, int) or block < 16 or block & (block - 1):
-        raise ValueError(f"config: BLOCK must be a power of 2 >= 16, got {block!r}")
-    if radix not in (4, 5, 6, 7, 8):
-        raise ValueError(f"config: RADIX_BITS must be in 4..8, got {radix!r}")
-    if not isinstance(per_sm, int) or per_sm < 1:
-        raise ValueError(f"config: PROGRAMS_PER_SM must be a positive int, got {per_sm!r}")
-    if warps not in launch_tables.NUM_WARPS:
-        raise ValueError(
-            f"config: num_warps must be one of {launch_tables.NUM_WARPS}, got {warps!r}"
-        )
-    if not isinstance(segments, int) or segments < 0:
-        raise ValueError(f"config: SEGMENTS must be a non-negative int, got {segments!r}")
+
+    def check(name, ok, what):
+        value = resolved[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not ok(value):
+            raise ValueError(f"config: {name} must be {what}, got {value!r}")
+
+    def pow2(v):
+        return v > 0 and not v & (v - 1)
+
+    check("BLOCK", lambda v: v >= 16 and pow2(v), "a power of 2 >= 16")
+    check("RADIX_BITS", lambda v: 4 <= v <= 8, "in 4..8")
+    check("PROGRAMS_PER_SM", lambda v: v >= 1, "a positive int")
+    for name in ("num_warps", "MULTI_WARPS"):
+        check(name, lambda v: v in launch_tables.NUM_WARPS, f"one of {launch_tables.NUM_WARPS}")
+    check("SEGMENTS", lambda v: v >= 0, "a non-negative int")
+    for name in ("MULTI_MIN_LENGTH", "MULTI_MIN_ELEMENTS", "MULTI_CHUNKS"):
+        check(name, lambda v: v >= 1, "a positive int")
+    for name in ("MULTI_BLOCK", "MULTI_CAP"):
+        check(name, lambda v: v >= 16 and pow2(v), "a power of 2 >= 16")
+    check("MULTI_SAMPLE", lambda v: v >= 2 * SAMPLE_SECTOR.value and pow2(v),
+          f"a power of 2 >= {2 * SAMPLE_SECTOR.value}")  # fmt: skip
+    check("MULTI_ESTIMATE", lambda v: v in (0, 1), "0 or 1")
     return resolved
+
+
+def _resolve_path(path) -> str:
+    """The path a call asked for: the `path` argument, else $FXFUSE_TOPK_PATH, else "auto"."""
+    if path is None:
+        env = os.environ.get(PATH_ENV, "").strip()
+        if env and env not in PATHS:
+            raise ValueError(f"{PATH_ENV}: unknown path {env!r}; expected one of {PATHS}")
+        return env or "auto"
+    if path not in PATHS:
+        raise ValueError(f"path: unknown {path!r}; expected one of {PATHS}")
+    return path
 
 
 def _num_programs(device: torch.device, per_sm: int) -> int:
@@ -556,11 +968,29 @@ def _launch(
     pad=-1, page_table=None, page_size=1, row_to_batch=None, block_size=128, n_init=0,
     n_local=0, pages_per_block=0, num_kv_heads=1, pages=None, ctx=None, mask_repeat=1,
     mask_fill=1, mask_selected=0, masked_tail=False,
-    config=None, target=None,
+    config=None, target=None, path=None,
 ):  # fmt: skip
+    """Check the config, pick the path, allocate scratch, launch. Returns the multi-program
+    path's per-row state, None on the row path."""
     rows, length = scores.shape
     device = scores.device
     cfg = _launch_config(target, device, rows, length, k, config)
+    path = _resolve_path(path)
+    # The multi-program path covers the index and page epilogues over plain rows; block
+    # tables, masks and masked tails always take the row path.
+    covered = (
+        epilogue in (EPI_INDICES.value, EPI_PAGES.value)
+        and positions is None
+        and not masked_tail
+        and 1 <= length <= 2**30
+    )
+    long_rows = length >= cfg["MULTI_MIN_LENGTH"] and rows * length >= cfg["MULTI_MIN_ELEMENTS"]
+    if covered and (path == "multi" or (path == "auto" and long_rows)):
+        return _launch_multi(
+            scores, k, out, cfg, epilogue=epilogue, sort=sort, lengths=lengths,
+            row_starts=row_starts, pad=pad, page_table=page_table, page_size=page_size,
+            row_to_batch=row_to_batch,
+        )  # fmt: skip
     block, radix, per_sm, warps = (cfg[f] for f in CONFIG_FIELDS)
     k_pad = triton.next_power_of_2(k)
     # The buffer keeps up to CAP - BLOCK pairs after a compaction, so a whole chunk always fits.
@@ -641,6 +1071,83 @@ def _launch(
         run(grid_merge, STAGE_MERGE.value, epilogue, sort, merge_cap, pair_area)
 
 
+def _multi_plan(cfg: dict, rows: int, length: int, k: int) -> dict:
+    """Sizes of the multi-program path for one call (all host-side, from shapes only)."""
+    k_pad = triton.next_power_of_2(k)
+    # BLOCK >= k: a row longer than k then has >= k non-empty groups, so the group-max bound
+    # exists. CAP >= 2 k leaves room for the estimate's spread (~1.5 k expected).
+    block = max(cfg["MULTI_BLOCK"], k_pad)
+    cap = max(cfg["MULTI_CAP"], 2 * k_pad)
+    segment = block * cfg["MULTI_CHUNKS"]
+    segments = triton.cdiv(length, segment)
+    fallback = 2 * (2 * FALLBACK_BLOCK.value + k_pad) + k_pad
+    area = max(cap + k_pad, fallback)  # pairs per row
+    gmax_row = segments * block
+    per_row = 8 * area + 4 * gmax_row
+    group = max(1, min(rows, MULTI_SCRATCH_BYTES // per_row))
+    if group * max(area, gmax_row) >= 2**31:
+        group = max(1, (2**31 - 1) // max(area, gmax_row))
+    return {
+        "k_pad": k_pad, "block": block, "chunks": cfg["MULTI_CHUNKS"], "cap": cap,
+        "segments": segments, "area": area, "gmax_row": gmax_row, "group": group,
+        "sample": cfg["MULTI_SAMPLE"], "warps": cfg["MULTI_WARPS"],
+        "estimate": cfg["MULTI_ESTIMATE"],
+    }  # fmt: skip
+
+
+def _launch_multi(
+    scores, k, out, cfg, *, epilogue, sort, lengths, row_starts, pad, page_table, page_size,
+    row_to_batch,
+):  # fmt: skip
+    """The multi-program path: per group of rows, the sample estimate (one program per row),
+    MULTI_FIRST and MULTI_RETRY (one program per row and segment). No host sync: the retry
+    launch always runs and its programs return at once for rows already done. Returns the
+    per-row state (rows, STATE_WORDS) (tests read which branch each row took)."""
+    rows, length = scores.shape
+    device = scores.device
+    plan = _multi_plan(cfg, rows, length, k)
+    group = plan["group"]
+    state = torch.zeros(rows * STATE_WORDS.value, dtype=torch.int32, device=device)
+    keys = torch.empty(group * plan["area"], dtype=torch.int32, device=device)
+    idx = torch.empty(group * plan["area"], dtype=torch.int32, device=device)
+    gmax = torch.empty(group * plan["gmax_row"], dtype=torch.int32, device=device)
+    dummy = out  # unused pointers: the constexpr switches never touch them
+    lengths_mode = LEN_FULL.value if lengths is None else LEN_ARRAY.value
+    page_strides = (0, 0) if page_table is None else page_table.stride()
+    idx_bits = max(1, (length - 1).bit_length())
+    for row_base in range(0, rows, group):
+        group_rows = min(group, rows - row_base)
+        if plan["estimate"]:
+            _topk_sample_kernel[(group_rows,)](
+                scores, dummy if lengths is None else lengths,
+                dummy if row_starts is None else row_starts, state,
+                length, k, row_base, scores.stride(0), scores.stride(1),
+                LENGTHS=lengths_mode, HAS_STARTS=row_starts is not None,
+                SAMPLE=plan["sample"], SECTOR=SAMPLE_SECTOR.value,
+                MIN_RANK=max(1, plan["sample"] // 128), RADIX_BITS=SELECT_BITS.value,
+                num_warps=plan["warps"],
+            )  # fmt: skip
+        for stage in (MULTI_FIRST.value, MULTI_RETRY.value):
+            _topk_multi_kernel[(group_rows * plan["segments"],)](
+                scores, dummy if lengths is None else lengths,
+                dummy if row_starts is None else row_starts,
+                dummy if row_to_batch is None else row_to_batch,
+                dummy if page_table is None else page_table,
+                out, state, keys, idx, gmax,
+                length, k, pad, 0 if page_table is None else page_table.shape[1], row_base,
+                plan["segments"], idx_bits,
+                scores.stride(0), scores.stride(1), out.stride(0), page_strides[0],
+                page_strides[1],
+                STAGE=stage, LENGTHS=lengths_mode, HAS_STARTS=row_starts is not None,
+                HAS_ROW_TO_BATCH=row_to_batch is not None, EPILOGUE=epilogue, SORT=sort,
+                LOG2_PAGE=page_size.bit_length() - 1, ESTIMATE=plan["estimate"],
+                BLOCK=plan["block"], CHUNKS=plan["chunks"], CAP=plan["cap"],
+                AREA=plan["area"], K_PAD=plan["k_pad"], FB_BLOCK=FALLBACK_BLOCK.value,
+                RADIX_BITS=SELECT_BITS.value, num_warps=plan["warps"],
+            )  # fmt: skip
+    return state.view(rows, STATE_WORDS.value)
+
+
 def topk_indices(
     scores: torch.Tensor,
     k: int,
@@ -651,15 +1158,18 @@ def topk_indices(
     *,
     config: dict | None = None,
     target: str | None = None,
+    path: str | None = None,
 ) -> torch.Tensor:
     """Per-row top-k row-local indices, int32 (R, k), front-packed, `pad` elsewhere
-    (`topk_ref.topk_indices_ref`; unsorted order unspecified)."""
+    (`topk_ref.topk_indices_ref`; unsorted order unspecified). path "row" / "multi" forces a
+    kernel path (default: $FXFUSE_TOPK_PATH, else "auto", chosen by the launch table)."""
     _check_scores("scores", scores)
     _check_k(k)
     rows = scores.shape[0]
     _check_rows("lengths", lengths, rows, scores.device)
     _check_rows("row_starts", row_starts, rows, scores.device)
     _check_pad(pad)
+    _resolve_path(path)
     if _use_reference(scores.device):
         return topk_ref.topk_indices_ref(scores, k, lengths, row_starts, sorted, pad)
     out = torch.empty((rows, k), dtype=torch.int32, device=scores.device)
@@ -668,6 +1178,7 @@ def topk_indices(
             scores, k, out, epilogue=EPI_INDICES.value,
             sort=SORT_VALUE.value if sorted else SORT_NONE.value,
             lengths=lengths, row_starts=row_starts, pad=pad, config=config, target=target,
+            path=path,
         )  # fmt: skip
     return out
 
@@ -685,10 +1196,11 @@ def topk_page_transform(
     *,
     config: dict | None = None,
     target: str | None = None,
+    path: str | None = None,
 ) -> torch.Tensor:
     """Top-k per row, indices mapped through the page table (DeepSeek-V3.2 / GLM-5 DSA):
     out = pt[b, i >> log2(ps)] << log2(ps) | (i & (ps - 1)), `pad` elsewhere
-    (`topk_ref.topk_page_transform_ref`)."""
+    (`topk_ref.topk_page_transform_ref`). path: as for `topk_indices`."""
     _check_scores("scores", scores)
     _check_k(k)
     _check_pad(pad)
@@ -714,6 +1226,7 @@ def topk_page_transform(
             f"page_table: needs a row per score row ({rows}) without row_to_batch, "
             f"got {page_table.shape[0]}"
         )
+    _resolve_path(path)
     if _use_reference(scores.device):
         return topk_ref.topk_page_transform_ref(
             scores, k, lengths, page_table, page_size, row_starts, row_to_batch, sorted, pad
@@ -724,7 +1237,7 @@ def topk_page_transform(
             scores, k, out, epilogue=EPI_PAGES.value,
             sort=SORT_VALUE.value if sorted else SORT_NONE.value,
             lengths=lengths, row_starts=row_starts, page_table=page_table, page_size=page_size,
-            row_to_batch=row_to_batch, pad=pad, config=config, target=target,
+            row_to_batch=row_to_batch, pad=pad, config=config, target=target, path=path,
         )  # fmt: skip
     return out
 

@@ -1,0 +1,305 @@
+"""The multi-program top-k path (many long rows; `kernels/topk.py`, "Many long rows") in
+Triton's interpreter, forced on small shapes with small tiles, against the torch reference.
+
+Small configs: 32-score chunks, 2 chunks per segment (so a 300-score row has 5 segments), 64
+candidate slots, a 64-score sample. Each test says which branch the rows take (the per-row
+state `_launch` returns): the estimate's candidates, the group-max retry, or the whole-row
+fallback when the candidates overflow.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fxfuse.kernels import topk, topk_ref
+
+MULTI = {"MULTI_BLOCK": 32, "MULTI_CHUNKS": 2, "MULTI_CAP": 64, "MULTI_SAMPLE": 64}
+RETRY_ONLY = {**MULTI, "MULTI_ESTIMATE": 0}
+# A sample as large as the row: the estimate is the exact k-th key.
+WHOLE_SAMPLE = {**MULTI, "MULTI_SAMPLE": 512}
+CAP = MULTI["MULTI_CAP"]
+
+
+def _set(t: torch.Tensor) -> torch.Tensor:
+    return t.sort(dim=-1).values
+
+
+def _indices(scores, k, lengths=None, row_starts=None, sorted=False, pad=-1, config=MULTI):
+    """(out, state): the multi path's indices and its per-row state."""
+    out = torch.empty((scores.shape[0], k), dtype=torch.int32)
+    state = topk._launch(
+        scores, k, out, epilogue=topk.EPI_INDICES.value,
+        sort=(topk.SORT_VALUE if sorted else topk.SORT_NONE).value, lengths=lengths,
+        row_starts=row_starts, pad=pad, config=config, path="multi",
+    )  # fmt: skip
+    assert state is not None  # the multi path ran
+    return out, state
+
+
+def _check(scores, k, out, lengths=None, row_starts=None, sorted=False, pad=-1):
+    ref = topk_ref.topk_indices_ref(scores, k, lengths, row_starts, sorted, pad)
+    assert out.dtype == torch.int32 and out.shape == ref.shape
+    if sorted:
+        assert torch.equal(out, ref)
+    else:
+        assert torch.equal(_set(out), _set(ref))
+
+
+def _retried(state):
+    return state[:, topk.ST_RETRY.value] != 0
+
+
+def _retry_count(state):
+    return state[:, topk.ST_RETRY_COUNT.value]
+
+
+# ---------------------------------------------------------------------------------------------
+# branches
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sorted", [False, True])
+def test_estimate_branch(dtype, sorted):
+    scores = torch.randn(4, 300).to(dtype)
+    out, state = _indices(scores, 24, sorted=sorted, config=WHOLE_SAMPLE)
+    _check(scores, 24, out, sorted=sorted)
+    assert not _retried(state).any()  # the exact estimate leaves k candidates: no retry
+    # the set agrees with torch.topk: the same multiset of values
+    values = torch.where(scores.float().isnan(), float("-inf"), scores.float())
+    ours = values.gather(1, out.long()).sort(1, descending=True).values
+    assert torch.equal(ours, values.topk(24, dim=1).values)
+
+
+@pytest.mark.parametrize("sorted", [False, True])
+def test_sampled_estimate_and_retry(sorted):
+    # A 64-score sample of 300: some rows' estimates miss and retry; both must be exact.
+    scores = torch.randn(8, 300)
+    scores[1::2, ::3] = 0.25  # ties across the threshold in every other row
+    out, state = _indices(scores, 24, sorted=sorted)
+    _check(scores, 24, out, sorted=sorted)
+    assert state[:, topk.ST_TICKET.value].eq(5).all()  # every segment took its ticket
+    retried = _retried(state)
+    assert retried.any() and not retried.all()  # (seeded) both branches ran
+
+
+@pytest.mark.parametrize("sorted", [False, True])
+def test_retry_branch(sorted):
+    scores = torch.randn(3, 300)
+    scores[2, 100:130] = 1.5  # a 30-way tie straddling the threshold (1.5 is in the top 24)
+    out, state = _indices(scores, 24, sorted=sorted, config=RETRY_ONLY)
+    _check(scores, 24, out, sorted=sorted)
+    assert _retried(state).all()
+    counts = _retry_count(state)
+    assert ((counts >= 24) & (counts <= CAP)).all()  # the group-max bound kept 24..CAP
+
+
+def _adversarial(name: str, rows: int, length: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(11)
+    if name == "constant":
+        return torch.full((rows, length), -3.0)
+    if name == "ascending":
+        return torch.arange(length, dtype=torch.float32).repeat(rows, 1)
+    if name == "descending":
+        return -torch.arange(length, dtype=torch.float32).repeat(rows, 1)
+    if name == "all_neg_inf":
+        return torch.full((rows, length), float("-inf"))
+    if name == "all_nan":
+        return torch.full((rows, length), float("nan"))
+    if name == "nan_mix":
+        x = torch.randn(rows, length, generator=g)
+        x[torch.rand(rows, length, generator=g) < 0.3] = float("nan")
+        x[:, :7] = float("-inf")
+        return x
+    if name == "top22_equal":
+        # Equal in their top 22 bits: only the last 10 mantissa bits (and the index) decide.
+        base = torch.tensor(1.5).view(torch.int32)
+        low = torch.randint(0, 1024, (rows, length), generator=g, dtype=torch.int32)
+        return (base + low).view(torch.float32)
+    if name == "top30_equal":
+        # Equal in their top 30 bits: ~75 copies of each of 4 values, more than CAP tie.
+        base = torch.tensor(-1.5).view(torch.int32)
+        low = torch.randint(0, 4, (rows, length), generator=g, dtype=torch.int32)
+        return (base + low).view(torch.float32)
+    if name == "signed_zeros":
+        x = torch.zeros(rows, length)
+        x[:, ::3] = -0.0
+        x[:, 5::13] = 1.0
+        return x
+    raise AssertionError(name)
+
+
+# Rows where more than CAP scores reach the group-max bound: the whole-row fallback.
+OVERFLOWING = {"constant", "all_neg_inf", "all_nan", "top30_equal", "signed_zeros"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["constant", "ascending", "descending", "all_neg_inf", "all_nan", "nan_mix", "top22_equal",
+     "top30_equal", "signed_zeros"],
+)  # fmt: skip
+def test_adversarial_rows(name):
+    scores = _adversarial(name, 2, 300)
+    for sorted in (False, True):
+        out, state = _indices(scores, 24, sorted=sorted, config=RETRY_ONLY)
+        _check(scores, 24, out, sorted=sorted)
+        assert (_retry_count(state) > CAP).all() == (name in OVERFLOWING)
+
+
+def test_lengths_around_k_and_segments():
+    k, segment = 24, 64  # MULTI: 32-score chunks x 2
+    # empty, 1, k-1, k, k+1, a segment's edges, several segments, the full row
+    lens = [0, 1, k - 1, k, k + 1, segment - 1, segment, segment + 1, 2 * segment + 1, 300]
+    scores = torch.randn(len(lens), 300)
+    scores[1::2, ::4] = 0.5
+    lengths = torch.tensor(lens, dtype=torch.int32)
+    for sorted in (False, True):
+        for config in (MULTI, RETRY_ONLY):
+            out, _ = _indices(scores, k, lengths, sorted=sorted, config=config)
+            _check(scores, k, out, lengths, sorted=sorted)
+            if not sorted:  # rows no longer than k: the identity, then padding
+                identity = list(range(k - 1)) + [-1]
+                assert torch.equal(out[2], torch.tensor(identity, dtype=torch.int32))
+                assert torch.equal(out[3], torch.arange(k, dtype=torch.int32))
+            assert (out[0] == -1).all()
+
+
+def test_row_starts_pad_and_odd_strides():
+    base = torch.randn(5, 1003)
+    scores = base[:, 3:403]  # row stride 1003 (not a multiple of 4), unaligned start
+    starts = torch.tensor([0, 50, 370, 500, 7], dtype=torch.int64)  # 500 is clamped to L
+    lengths = torch.tensor([400, 200, 100, 10, 25], dtype=torch.int64)
+    for config in (MULTI, RETRY_ONLY):
+        out, _ = _indices(scores, 24, lengths, starts, pad=400, config=config)
+        _check(scores, 24, out, lengths, starts, pad=400)
+    assert (out[3] == 400).all() and ((out[2] >= 0) & (out[2] < 30)).all()
+
+
+def test_fp16_and_two_launches_in_a_row():
+    # State is per call: a second launch over other scores must not see the first one's.
+    first = torch.randn(3, 300).half()
+    second = torch.full((3, 300), 2.0).half()
+    second[:, 250:] = 3.0
+    for scores in (first, second, first):
+        out, _ = _indices(scores, 24, sorted=True)
+        _check(scores, 24, out, sorted=True)
+
+
+def test_row_groups(monkeypatch):
+    # Scratch for one row per group: 3 groups of launches reusing the same scratch.
+    def plan():
+        return topk._multi_plan(topk._launch_config("cpu", None, 3, 300, 24, MULTI), 3, 300, 24)
+
+    one_row = plan()
+    monkeypatch.setattr(topk, "MULTI_SCRATCH_BYTES", 8 * one_row["area"] + 4 * one_row["gmax_row"])
+    assert plan()["group"] == 1
+    scores = torch.randn(3, 300)
+    scores[1] = 1.0  # the fallback in the middle group
+    out, state = _indices(scores, 24, sorted=True)
+    _check(scores, 24, out, sorted=True)
+    assert (_retry_count(state) > CAP).tolist() == [False, True, False]
+
+
+# ---------------------------------------------------------------------------------------------
+# page transform
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_page_transform(page_size):
+    rows, length, batches = 4, 320, 3
+    scores = torch.randn(rows, length)
+    scores[3] = 0.75  # the fallback
+    lengths = torch.tensor([320, 200, 30, 320], dtype=torch.int32)
+    starts = torch.tensor([0, 100, 5, 0], dtype=torch.int32)
+    row_to_batch = torch.tensor([2, 0, 1, 0], dtype=torch.int64)
+    pages = length // page_size
+    # A permuted table per batch, so the transform can be inverted.
+    table = torch.stack([torch.randperm(pages * batches)[:pages] for _ in range(batches)])
+    table = table.to(torch.int32)
+    for sorted in (False, True):
+        out = topk.topk_page_transform(
+            scores,
+            24,
+            lengths,
+            table,
+            page_size,
+            starts,
+            row_to_batch,
+            sorted,
+            config=MULTI,
+            path="multi",
+        )
+        ref = topk_ref.topk_page_transform_ref(
+            scores, 24, lengths, table, page_size, starts, row_to_batch, sorted
+        )
+        assert torch.equal(out if sorted else _set(out), ref if sorted else _set(ref))
+    # invert: physical page -> logical page of the row's batch gives back the indices
+    idx = topk_ref.topk_indices_ref(scores, 24, lengths, starts, sorted=True)
+    valid = out >= 0
+    assert torch.equal(valid, idx >= 0)
+    inverse = torch.full((batches, pages * batches), -1, dtype=torch.int64)
+    for b in range(batches):
+        inverse[b, table[b].long()] = torch.arange(pages)
+    b = row_to_batch.long()[:, None].expand_as(out)
+    logical = inverse[b[valid], (out[valid].long() >> (page_size.bit_length() - 1))]
+    back = logical * page_size + (out[valid].long() & (page_size - 1))
+    assert torch.equal(back, idx[valid].long())
+
+
+# ---------------------------------------------------------------------------------------------
+# dispatch
+
+
+def _path_taken(scores, k, **kwargs):
+    out = torch.empty((scores.shape[0], k), dtype=torch.int32)
+    state = topk._launch(
+        scores, k, out, epilogue=topk.EPI_INDICES.value, sort=topk.SORT_NONE.value, **kwargs
+    )
+    _check(scores, k, out)
+    return "row" if state is None else "multi"
+
+
+def test_dispatch(monkeypatch):
+    scores = torch.randn(2, 300)
+    low = {**MULTI, "MULTI_MIN_LENGTH": 256, "MULTI_MIN_ELEMENTS": 600}
+    high = {**MULTI, "MULTI_MIN_LENGTH": 256, "MULTI_MIN_ELEMENTS": 601}
+    assert _path_taken(scores, 24, config=low) == "multi"  # 2 x 300 >= 600
+    assert _path_taken(scores, 24, config=high) == "row"
+    assert _path_taken(scores, 24, config=low, path="row") == "row"
+    assert _path_taken(scores, 24, config=high, path="multi") == "multi"
+    monkeypatch.setenv(topk.PATH_ENV, "multi")
+    assert _path_taken(scores, 24, config=high) == "multi"
+    assert _path_taken(scores, 24, config=low, path="auto") == "multi"
+    monkeypatch.setenv(topk.PATH_ENV, "row")
+    assert _path_taken(scores, 24, config=low) == "row"
+    # the default table keeps short tests on the row path
+    monkeypatch.delenv(topk.PATH_ENV)
+    assert _path_taken(scores, 24) == "row"
+
+
+def test_masks_and_block_tables_keep_the_row_path(monkeypatch):
+    monkeypatch.setenv(topk.PATH_ENV, "multi")
+    scores = torch.randn(2, 300)
+    assert torch.equal(topk.topk_mask(scores, 24, config=MULTI), topk_ref.topk_mask_ref(scores, 24))
+
+
+@pytest.mark.parametrize(
+    "call,name",
+    [
+        (lambda s: topk.topk_indices(s, 4, path="fast"), "path"),
+        (lambda s: topk.topk_indices(s, 4, config={"MULTI_CAP": 100}), "config"),
+        (lambda s: topk.topk_indices(s, 4, config={"MULTI_SAMPLE": 16}), "config"),
+        (lambda s: topk.topk_indices(s, 4, config={"MULTI_ESTIMATE": 2}), "config"),
+        (lambda s: topk.topk_indices(s, 4, config={"MULTI_WARPS": 3}), "config"),
+        (lambda s: topk.topk_indices(s, 4, config={"MULTI_CHUNKS": 0}), "config"),
+    ],
+)
+def test_bad_inputs(call, name):
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        call(torch.randn(3, 32))
+
+
+def test_bad_path_env(monkeypatch):
+    monkeypatch.setenv(topk.PATH_ENV, "fastest")
+    with pytest.raises(ValueError, match=rf"^{topk.PATH_ENV}\b"):
+        topk.topk_indices(torch.randn(3, 32), 4)
