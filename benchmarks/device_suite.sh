@@ -27,11 +27,17 @@ for s in $STEPS; do
     rms_sweep) step rms_sweep "${T_RMS_SWEEP:-150}" python benchmarks/bench_rms_norm_quant.py --sweep --out "$RES" ;;
     gemm_fp8) step gemm_fp8 "${T_GEMM:-80}" python benchmarks/bench_gemm_fp8.py ${GEMM_ARGS:-} --out "$RES" ;;
     gemm_fp8_sweep) step gemm_fp8_sweep "${T_GEMM_SWEEP:-150}" python benchmarks/bench_gemm_fp8.py --sweep ${GEMM_SWEEP_ARGS:-} --out "$RES" ;;
-    gemm_mxfp4) step gemm_mxfp4 "${T_GEMM:-80}" python benchmarks/bench_gemm_mxfp4.py --out "$RES" ;;
-    gemm_mxfp4_sweep) step gemm_mxfp4_sweep "${T_GEMM_SWEEP:-150}" python benchmarks/bench_gemm_mxfp4.py --sweep --out "$RES" ;;
+    gemm_fp8_install)  # the sweep's best configs into the sm90 table, before timing with it
+      python benchmarks/install_gemm_sweep.py gemm_fp8 "$RES/gemm_fp8_sweep.json" \
+        && cp fxfuse/runtime/tables/gemm_fp8.json "$RES/gemm_fp8_table.json"; echo "=== gemm_fp8_install rc=$?" ;;
+    gemm_mxfp4) step gemm_mxfp4 "${T_MX:-80}" python benchmarks/bench_gemm_mxfp4.py --out "$RES" ;;
+    gemm_mxfp4_sweep) step gemm_mxfp4_sweep "${T_MX_SWEEP:-150}" python benchmarks/bench_gemm_mxfp4.py --sweep ${MX_SWEEP_ARGS:-} --out "$RES" ;;
+    gemm_mxfp4_install)
+      python benchmarks/install_gemm_sweep.py gemm_mxfp4 "$RES/gemm_mxfp4_sweep.json" \
+        && cp fxfuse/runtime/tables/gemm_mxfp4.json "$RES/gemm_mxfp4_table.json"; echo "=== gemm_mxfp4_install rc=$?" ;;
     split_cat) step split_cat "${T_SPLIT:-70}" python benchmarks/bench_gemm_split_cat.py --out "$RES" ;;
     split_cat_sweep) step split_cat_sweep "${T_SPLIT_SWEEP:-120}" python benchmarks/bench_gemm_split_cat.py --sweep-only ${SPLIT_SWEEP_ARGS:-} --out "$RES" ;;
-    topk) step topk "${T_TOPK:-70}" python benchmarks/bench_topk.py --budget-s 55 --out "$RES" ;;
+    topk) step topk "${T_TOPK:-70}" python benchmarks/bench_topk.py --budget-s ${TOPK_BUDGET:-55} ${TOPK_ARGS:-} --out "$RES" ;;
     rms_midm) PYTHONPATH=$PWD:$PWD/benchmarks step rms_midm "${T_MIDM:-150}" python benchmarks/experiments/rms_midm_probe.py ;;
     probe) step probe "${T_PROBE:-150}" python benchmarks/experiments/rms_fp8_probe.py ;;
     rms_table)  # install the sweep's sm90 table before timing with it

@@ -303,3 +303,33 @@ def test_bad_path_env(monkeypatch):
     monkeypatch.setenv(topk.PATH_ENV, "fastest")
     with pytest.raises(ValueError, match=rf"^{topk.PATH_ENV}\b"):
         topk.topk_indices(torch.randn(3, 32), 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: both paths compiled, at DSA shapes (the table's own configs), against the reference
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("path", ["row", "multi"])
+@pytest.mark.parametrize("rows, length", [(4, 65536), (64, 131072)])
+@pytest.mark.parametrize("sorted", [False, True])
+def test_gpu_paths_at_dsa_shapes(path, rows, length, sorted):
+    k = 2048
+    g = torch.Generator().manual_seed(rows + length)
+    scores = torch.randn(rows, length, generator=g)
+    scores[1, ::5] = 0.5  # a row with many ties at the threshold
+    lengths = torch.randint(k // 2, length + 1, (rows,), generator=g, dtype=torch.int32)
+    lengths[0] = length
+    for _ in range(2):  # a second launch reuses the per-row tickets: they must reset
+        out = topk.topk_indices(scores.cuda(), k, lengths.cuda(), sorted=sorted, path=path)
+        _check(scores, k, out.cpu(), lengths=lengths, sorted=sorted)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("name", ["constant", "ascending", "nan_mix", "top30_equal", "signed_zeros"])
+def test_gpu_multi_adversarial(name):
+    scores = _adversarial(name, 8, 32768)
+    out = topk.topk_indices(scores.cuda(), 2048, path="multi")
+    _check(scores, 2048, out.cpu())
