@@ -20,6 +20,8 @@ a fixed order (deterministic, no atomics), does the same scatter and the y copy.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -317,17 +319,68 @@ def _epilogue_subtiles(block_n: int, widths: list[int]) -> int:
     return 0
 
 
+def _host_cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv is slow to call from Python; the jitted _cdiv is the kernels'
+
+
+def _next_pow2(v: int) -> int:
+    return 1 << max(v - 1, 0).bit_length()
+
+
 def _copy_meta(rows: int, s3: int) -> dict:
-    block_s3 = min(triton.next_power_of_2(max(s3, 1)), MAX_BLOCK_S3)
+    block_s3 = min(_next_pow2(max(s3, 1)), MAX_BLOCK_S3)
     copy_rows = max(1, COPY_STEP_ELEMENTS // block_s3)
-    programs = triton.cdiv(rows, copy_rows * COPY_ITERS) if s3 > 0 else 0
+    programs = _host_cdiv(rows, copy_rows * COPY_ITERS) if s3 > 0 else 0
     return {
         "COPY_ROWS": copy_rows,
         "BLOCK_S3": block_s3,
         "COPY_ITERS": COPY_ITERS,
-        "COPY_COL_ITERS": triton.cdiv(s3, block_s3),
+        "COPY_COL_ITERS": _host_cdiv(s3, block_s3),
         "programs": programs,
     }
+
+
+def _plan_uncached(m, n, k, d, widths, s3, config, target) -> dict:
+    """Everything host-side about a launch that depends only on shapes and the config."""
+    cfg = _launch_config(m, n, k, config, target, None)
+    block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    split_k = cfg["SPLIT_K"]
+    copy = _copy_meta(m * d, s3)
+    tiles = _host_cdiv(m, block_m) * _host_cdiv(n, block_n)
+    plan = {
+        "cfg": cfg,
+        "copy_meta": {key: value for key, value in copy.items() if key != "programs"},
+        "copy_programs": copy["programs"],
+        "epilogue": _epilogue_subtiles(block_n, list(widths)),
+        "tiles": tiles,
+        "split_k": split_k,
+        # Loop trip counts are constexprs: the interpreter (triton 3.6, numpy 2.4) cannot run
+        # `range` over a run-time bound. A layer's K is fixed: no extra compiles in practice.
+        "k_iters": _host_cdiv(k, block_k * split_k),
+        "even_k": k % (block_k * split_k) == 0,
+    }
+    if split_k > 1:
+        # The reduce is memory-bound: fixed modest tiles whatever the GEMM's were.
+        reduce_m, reduce_n = 16, min(block_n, 128)
+        plan["reduce"] = (
+            reduce_m,
+            reduce_n,
+            _host_cdiv(m, reduce_m) * _host_cdiv(n, reduce_n),
+            _epilogue_subtiles(reduce_n, list(widths)),
+        )
+    return plan
+
+
+# Per-call host work is what bounds this op below a few thousand tokens (one launch of a
+# ~10 µs kernel): plans are cached per shape, and the table is not re-read per call.
+_plan_cached = functools.lru_cache(maxsize=4096)(_plan_uncached)
+
+
+def _plan(m, n, k, d, widths, s3, config, target, device) -> dict:
+    target = target or detect_target(device)
+    if config:
+        return _plan_uncached(m, n, k, d, tuple(widths), s3, config, target)
+    return _plan_cached(m, n, k, d, tuple(widths), s3, None, target)
 
 
 def _check_gemm_inputs(x: torch.Tensor, w: torch.Tensor, d: int) -> None:
@@ -362,52 +415,43 @@ def _launch(
     n = w.shape[0]
     if m == 0:
         return
-    cfg = _launch_config(m, n, k, config, target, x.device)
-    block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    split_k = cfg["SPLIT_K"]
     num_pieces = len(pieces)
+    s3 = 0 if y is None else y.shape[-1]
+    plan = _plan(m, n, k, d, widths, s3, config, target, x.device)
+    cfg, split_k = plan["cfg"], plan["split_k"]
     dst = pieces + [pieces[0]] * (MAX_PIECES - num_pieces)
     w_pad = widths + [0] * (MAX_PIECES - num_pieces)
     ld = [p.shape[-1] for p in pieces] + [1] * (MAX_PIECES - num_pieces)
-    s3 = 0 if y is None else y.shape[-1]
     y_arg = x if y is None else y
     y_strides = (0, 0, 0) if y is None else y.stride()
-    copy = _copy_meta(m * d, s3)
-    epilogue = _epilogue_subtiles(block_n, widths)
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     sizes = (m, n, k, d, sum(widths), w_pad[0], w_pad[1], w_pad[2], *ld, s3)
-    copy_meta = {key: value for key, value in copy.items() if key != "programs"}
-
-    # Loop trip counts are constexprs: the interpreter (triton 3.6, numpy 2.4) cannot run `range`
-    # over a run-time bound. A layer's K is fixed, so this costs no extra compiles in practice.
-    k_iters = triton.cdiv(k, block_k * split_k)
+    copy_meta = plan["copy_meta"]
+    interp_bf16 = interpreting() and x.dtype == torch.bfloat16
     if split_k == 1:
         partial = x  # unused
-        gemm_programs = tiles + copy["programs"]
+        gemm_programs = plan["tiles"] + plan["copy_programs"]
     else:
         partial = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-        gemm_programs = tiles * split_k
+        gemm_programs = plan["tiles"] * split_k
     _gemm_split_cat_kernel[(gemm_programs,)](
         x, w, y_arg, partial, *dst,
         *sizes,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), *y_strides,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=cfg["GROUP_M"],
-        SPLIT_K=split_k, K_ITERS=k_iters, EVEN_K=k % (block_k * split_k) == 0,
-        DOT_IN_FP32=interpreting() and x.dtype == torch.bfloat16, NUM_PIECES=num_pieces,
-        EPILOGUE_SUBTILES=epilogue, **copy_meta,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        GROUP_M=cfg["GROUP_M"], SPLIT_K=split_k, K_ITERS=plan["k_iters"], EVEN_K=plan["even_k"],
+        DOT_IN_FP32=interp_bf16, NUM_PIECES=num_pieces,
+        EPILOGUE_SUBTILES=plan["epilogue"], **copy_meta,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     if split_k > 1:
-        # The reduce is memory-bound: fixed modest tiles whatever the GEMM's were.
-        reduce_m, reduce_n = 16, min(block_n, 128)
-        reduce_tiles = triton.cdiv(m, reduce_m) * triton.cdiv(n, reduce_n)
-        _split_k_reduce_kernel[(reduce_tiles + copy["programs"],)](
+        reduce_m, reduce_n, reduce_tiles, reduce_epilogue = plan["reduce"]
+        _split_k_reduce_kernel[(reduce_tiles + plan["copy_programs"],)](
             partial, y_arg, *dst,
             m, n, d, sum(widths), w_pad[0], w_pad[1], w_pad[2], *ld, s3,
             *y_strides,
             BLOCK_M=reduce_m, BLOCK_N=reduce_n, SPLIT_K=split_k, NUM_PIECES=num_pieces,
-            EPILOGUE_SUBTILES=_epilogue_subtiles(reduce_n, widths), **copy_meta,
-            EXACT_BF16=interpreting() and x.dtype == torch.bfloat16, num_warps=4,
+            EPILOGUE_SUBTILES=reduce_epilogue, **copy_meta,
+            EXACT_BF16=interp_bf16, num_warps=4,
         )  # fmt: skip
 
 
