@@ -833,11 +833,12 @@ def _topk_multi_kernel(
 
 KERNEL_NAME = "topk"
 CONFIG_FIELDS = ("BLOCK", "RADIX_BITS", "PROGRAMS_PER_SM", "num_warps")
-# The multi-program path: when it is taken (MIN_LENGTH, MIN_ELEMENTS = rows · length), its
-# chunk, chunks per segment, candidate capacity, sample size and warps.
+# The multi-program path: when it is taken (MIN_LENGTH, MIN_ELEMENTS = rows · length, MAX_ROWS:
+# beyond it the row path's one program per row already fills the GPU), its chunk, chunks per
+# segment, candidate capacity, sample size and warps.
 MULTI_FIELDS = (
-    "MULTI_MIN_LENGTH", "MULTI_MIN_ELEMENTS", "MULTI_BLOCK", "MULTI_CHUNKS", "MULTI_CAP",
-    "MULTI_SAMPLE", "MULTI_WARPS",
+    "MULTI_MIN_LENGTH", "MULTI_MIN_ELEMENTS", "MULTI_MAX_ROWS", "MULTI_BLOCK", "MULTI_CHUNKS",
+    "MULTI_CAP", "MULTI_SAMPLE", "MULTI_WARPS",
 )  # fmt: skip
 TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # Not in the table: chosen per call (SEGMENTS > 1 splits each row over that many programs;
@@ -924,7 +925,7 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     for name in ("num_warps", "MULTI_WARPS"):
         check(name, lambda v: v in launch_tables.NUM_WARPS, f"one of {launch_tables.NUM_WARPS}")
     check("SEGMENTS", lambda v: v >= 0, "a non-negative int")
-    for name in ("MULTI_MIN_LENGTH", "MULTI_MIN_ELEMENTS", "MULTI_CHUNKS"):
+    for name in ("MULTI_MIN_LENGTH", "MULTI_MIN_ELEMENTS", "MULTI_MAX_ROWS", "MULTI_CHUNKS"):
         check(name, lambda v: v >= 1, "a positive int")
     for name in ("MULTI_BLOCK", "MULTI_CAP"):
         check(name, lambda v: v >= 16 and pow2(v), "a power of 2 >= 16")
@@ -984,8 +985,12 @@ def _launch(
         and not masked_tail
         and 1 <= length <= 2**30
     )
-    long_rows = length >= cfg["MULTI_MIN_LENGTH"] and rows * length >= cfg["MULTI_MIN_ELEMENTS"]
-    if covered and (path == "multi" or (path == "auto" and long_rows)):
+    few_long_rows = (
+        length >= cfg["MULTI_MIN_LENGTH"]
+        and rows * length >= cfg["MULTI_MIN_ELEMENTS"]
+        and rows <= cfg["MULTI_MAX_ROWS"]
+    )
+    if covered and (path == "multi" or (path == "auto" and few_long_rows)):
         return _launch_multi(
             scores, k, out, cfg, epilogue=epilogue, sort=sort, lengths=lengths,
             row_starts=row_starts, pad=pad, page_table=page_table, page_size=page_size,

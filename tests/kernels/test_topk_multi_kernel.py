@@ -265,6 +265,10 @@ def test_dispatch(monkeypatch):
     high = {**MULTI, "MULTI_MIN_LENGTH": 256, "MULTI_MIN_ELEMENTS": 601}
     assert _path_taken(scores, 24, config=low) == "multi"  # 2 x 300 >= 600
     assert _path_taken(scores, 24, config=high) == "row"
+    # more rows than MULTI_MAX_ROWS: the row path fills the GPU on its own
+    assert _path_taken(scores, 24, config={**low, "MULTI_MAX_ROWS": 1}) == "row"
+    assert _path_taken(scores, 24, config={**low, "MULTI_MAX_ROWS": 2}) == "multi"
+    assert _path_taken(scores, 24, config={**low, "MULTI_MAX_ROWS": 1}, path="multi") == "multi"
     assert _path_taken(scores, 24, config=low, path="row") == "row"
     assert _path_taken(scores, 24, config=high, path="multi") == "multi"
     monkeypatch.setenv(topk.PATH_ENV, "multi")
@@ -292,6 +296,7 @@ def test_masks_and_block_tables_keep_the_row_path(monkeypatch):
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_ESTIMATE": 2}), "config"),
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_WARPS": 3}), "config"),
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_CHUNKS": 0}), "config"),
+        (lambda s: topk.topk_indices(s, 4, config={"MULTI_MAX_ROWS": 0}), "config"),
     ],
 )
 def test_bad_inputs(call, name):
