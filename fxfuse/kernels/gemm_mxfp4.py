@@ -4,7 +4,7 @@ Math (exactly `gemm_ref.gemm_mxfp4_ref` up to fp32 summation order):
     out[m, n] = Σ_k e2m1(q[m, k]) · 2^(xs[m, k/32] − 127) · e2m1(w[n, k]) · 2^(ws[n, k/32] − 127)
 A16WFP4: each program quantizes its activation tile in registers by the rule of
 `rms_norm_quant_ref.quant_mxfp4_ref` (e8m0 exponent from the amax bits, floor / even / ceil;
-elements nearest-even on the e2m1 grid), bit for bit, then does the above.
+elements nearest-even on the e2m1 grid), bit for bit, once per K-tile, then does the above.
 
 Layouts (SPEC §2): q (M, K/2), w (N, K/2) uint8, byte = code[2i] | code[2i+1] << 4; x_scale
 (M, K/32), w_scale (N, K/32) e8m0 uint8 (255 = NaN); any strides. With preshuffled=True, w is
@@ -13,14 +13,44 @@ reads them in place through the inverse index maps (gfx950's layouts; identical 
 
 Two inner products, chosen by the constexpr USE_DOT_SCALED:
 - `tl.dot_scaled(…, "e2m1", …)`: the scaled MFMA on gfx950; Triton emulates it elsewhere.
-- dequant: nibbles → e2m1 values × 2^(s − 127) in fp32 (exact), → bf16 (exact: 2 significant bits),
-  bf16 tl.dot with fp32 accumulation. The only path in the interpreter (no dot_scaled there; its
-  bf16 dot is broken in triton 3.6, so it dots the same exact values in fp32).
-Split-K and tiling as in gemm_fp8 (the same helpers).
+- dequant (sm90, gfx942, the interpreter): e2m1 × e8m0 decoded exactly to bf16 (2 significant
+  bits; the interpreter, whose bf16 dot is broken in triton 3.6, uses fp32), bf16 tl.dot with fp32
+  accumulation.
+
+Dequant without interleaving. A packed (rows, BLOCK_K/2) byte tile holds the even-k elements in its
+low nibbles and the odd-k ones in its high nibbles. Each is decoded into its own (rows, BLOCK_K/2)
+tile, and the K-tile's product is the sum of two dots, low nibbles against the even activation
+columns and high nibbles against the odd ones: the same exact products as one dot over the
+interleaved K, summed in another order. The byte tile thus feeds the MMA operand layout element
+for element (no join / reshape of the decoded values, no layout shuffle of bf16 data); the
+activation, BLOCK_M/BLOCK_N the size of the weight tile, is the one split into even / odd columns.
+
+Decode (per weight element; the weight tile is what the program mostly does):
+- DECODE_PTX (CUDA): inline PTX turns one register of 4 bytes into the 8 bf16 values with byte
+  permutes (`prmt`) used as 8-entry lookup tables: the low and the high byte of bf16(|e2m1|) and
+  the sign byte, then two permutes interleave them into the bf16x2 registers the MMA takes:
+  17 integer instructions per 8 values (the 3 table constants are loop-invariant), no select, no
+  float op. Triton packs 4 consecutive elements of a thread per call, so the launcher enables it
+  only where each thread holds a multiple of 4 bytes of every decoded tile. The e8m0 factor
+  2^(s−127) is then one packed bf16 multiply per 2 values (exact: a power of two times a 2-bit value; s = 0 is the bf16
+  subnormal 2^−127, 255 NaN).
+- otherwise (interpreter, ROCm): the 3 magnitude bits at fp32 bits 24..22 read as the e2m1 value
+  times 2^−126 for every code (e = 0 lands on the fp32 subnormal 0.5·2^−126); one multiply by 2^126
+  and one by the factor, in fp32 (a single multiply by 2^(s−1) would overflow for s ≥ 129).
+A16WFP4 without WRITE_QUANT rounds the scaled activations to e2m1 values directly
+(`_e2m1_round`: add-and-subtract 2^(22 + binade) rounds to 2 significant bits, nearest even),
+never forming the 4-bit codes: the same values as decoding `_e2m1_code`'s codes.
+
+Tiling: (BLOCK_M, BLOCK_N) output tiles, GROUP_M-swizzled; split-K and its deterministic reduce
+as in gemm_fp8 (the same helpers). SWAP_AB (skinny M): the program computes the transposed tile
+dot(decoded w (BLOCK_N, BLOCK_K/2), activationᵀ) so the weight rows fill the MMA's M slot (64 on
+Hopper's wgmma, which takes this operand straight from registers) and the few tokens its N slot,
+instead of padding a 16-row token tile up to the MMA's M and staging the decoded weights in
+shared memory; the tile is transposed back before the epilogue.
 
 Numerics: every product is exact and sums in fp32. Edge: a value 6 · 2^(s − 127) above the fp32
-range (s ≥ 254 with a 6) is inf here, finite in an fp64 reference; bf16 subnormals (|v| < 2^-126)
-may flush on GPU.
+(bf16) range (s ≥ 254 with a 6) is inf here, finite in an fp64 reference; bf16 subnormals
+(|v| < 2^-126) may flush on GPU.
 """
 
 from __future__ import annotations
@@ -53,6 +83,44 @@ from fxfuse.runtime.target import interpreting
 # fmt: off
 # (Kernel arguments stay grouped by role, as in the Triton tutorials.)
 
+# One 32-bit register of 4 packed bytes ($4: bytes e0..e3) → bf16x2 registers of the low nibbles
+# ($0 = e0, e1; $1 = e2, e3) and of the high nibbles ($2, $3). `prmt d, a, b, c` picks each byte
+# of d from the 8 bytes of {b, a} by a 3-bit index in c's nibbles, an 8-entry table lookup:
+#   L = low bytes of bf16(0, .5, 1, 1.5, 2, 3, 4, 6): 00 00 80 C0 00 40 80 C0
+#   H = their high bytes:                              00 3F 3F 3F 40 40 40 40
+#   S = the sign byte of nibble bit 3 (0 or 1):         00 80
+# m = r & 0x77777777 puts the magnitudes of [lo e0, hi e0, lo e1, hi e1] in the 4 index nibbles
+# (m >> 16 those of e2, e3); the last permutes pair each L byte with its H|S byte. The tables sit
+# in `a` through a register (known-good PTX only ever has an immediate as `b` or `c`).
+# tests/kernels/test_gemm_mxfp4_kernel.py runs this string in a Python model of the PTX.
+E2M1_BF16_PTX_TEXT = """
+{
+.reg .b32 m01, m23, s01, s23, l01, l23, h01, h23, lut;
+and.b32 m01, $4, 0x77777777;
+shr.u32 m23, m01, 16;
+shr.u32 s01, $4, 3;
+and.b32 s01, s01, 0x11111111;
+shr.u32 s23, s01, 16;
+mov.b32 lut, 0xC0800000;
+prmt.b32 l01, lut, 0xC0804000, m01;
+prmt.b32 l23, lut, 0xC0804000, m23;
+mov.b32 lut, 0x3F3F3F00;
+prmt.b32 h01, lut, 0x40404040, m01;
+prmt.b32 h23, lut, 0x40404040, m23;
+mov.b32 lut, 0x00008000;
+prmt.b32 s01, lut, 0, s01;
+prmt.b32 s23, lut, 0, s23;
+or.b32 h01, h01, s01;
+or.b32 h23, h23, s23;
+prmt.b32 $0, l01, h01, 0x6240;
+prmt.b32 $1, l23, h23, 0x6240;
+prmt.b32 $2, l01, h01, 0x7351;
+prmt.b32 $3, l23, h23, 0x7351;
+}
+"""
+# A kernel reads globals only as constexpr.
+E2M1_BF16_PTX = tl.constexpr(E2M1_BF16_PTX_TEXT)
+
 
 # ---------------------------------------------------------------------------------------------
 # helpers
@@ -79,13 +147,38 @@ def _e8m0_value(scale):
 
 
 @triton.jit
-def _dequant_tile(packed, scale, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(ROWS, BLOCK_K/2) packed bytes, (ROWS, BLOCK_K/32) e8m0 bytes → fp32 (ROWS, BLOCK_K)."""
-    b = packed.to(tl.int32)
-    codes = tl.reshape(tl.join(b & 0xF, b >> 4), (ROWS, BLOCK_K // 32, 32))
-    factor = _e8m0_value(scale)
-    values = _e2m1_value(codes) * factor[:, :, None]
-    return tl.reshape(values, (ROWS, BLOCK_K))
+def _e8m0_bf16(scale):
+    """bf16 2^(s − 127) of e8m0 bytes: bits s << 7 (s = 0: the subnormal 0x0040; 255: NaN)."""
+    s = scale.to(tl.int32)
+    bits = tl.where(s == 255, 0x7FC0, tl.maximum(s << 7, 0x40))
+    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _per_byte(block_values, ROWS: tl.constexpr, KB: tl.constexpr):
+    """(ROWS, KB/16) per-block values → (ROWS, KB), one per packed byte (16 bytes a block)."""
+    v = tl.broadcast_to(block_values[:, :, None], (ROWS, KB // 16, 16))
+    return tl.reshape(v, (ROWS, KB))
+
+
+@triton.jit
+def _dequant_halves(packed, scale, ROWS: tl.constexpr, KB: tl.constexpr,
+                    DOT_DTYPE: tl.constexpr, DECODE_PTX: tl.constexpr):
+    """(ROWS, KB) packed bytes, (ROWS, KB/16) e8m0 bytes → the values of the low nibbles (even k)
+    and of the high nibbles (odd k), (ROWS, KB) each in DOT_DTYPE."""
+    if DECODE_PTX:
+        lo, hi = tl.inline_asm_elementwise(
+            E2M1_BF16_PTX, "=r,=r,=r,=r,r", [packed], dtype=(tl.bfloat16, tl.bfloat16),
+            is_pure=True, pack=4,
+        )
+        factor = _per_byte(_e8m0_bf16(scale), ROWS, KB)
+        return lo * factor, hi * factor
+    else:
+        b = packed.to(tl.int32)
+        factor = _per_byte(_e8m0_value(scale), ROWS, KB)
+        lo = _e2m1_value(b & 0xF) * factor
+        hi = _e2m1_value(b >> 4) * factor
+        return lo.to(DOT_DTYPE), hi.to(DOT_DTYPE)
 
 
 @triton.jit
@@ -99,9 +192,41 @@ def _quant_tile(x, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, ROUNDING: tl.const
 
 
 @triton.jit
+def _e2m1_round(v):
+    """fp32 v rounded to the e2m1 grid, nearest even, saturating at ±6: the value of
+    `_e2m1_code(v)`'s code, sign included (NaN → +6, like the code), without forming the code.
+
+    |v| ≤ 6 gains 2 significant bits, but no step finer than 0.5, by adding and removing
+    2^(22 + max(binade, 0)) (the add rounds to nearest even)."""
+    c = tl.maximum(tl.minimum(v, 6.0), -6.0)  # minimum first: NaN → 6, as in _e2m1_code
+    mag = tl.abs(c)
+    binade = tl.maximum(mag.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)
+    magic = (binade + (22 << 23)).to(tl.float32, bitcast=True)
+    r = (mag + magic) - magic
+    return tl.where(c < 0, -r, r)
+
+
+@triton.jit
+def _quant_values(x, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, ROUNDING: tl.constexpr):
+    """The dequantized values of quant_mxfp4_ref(x) for an fp32 (ROWS, BLOCK_K) tile: exactly
+    e2m1(code) · 2^e of `_quant_tile`'s codes and exponents, fp32 (ROWS, BLOCK_K)."""
+    blocks = tl.reshape(x, (ROWS, BLOCK_K // 32, 32))
+    exponent = _e8m0_exponent(tl.max(tl.abs(blocks), axis=2), ROUNDING)
+    v = _e2m1_round(blocks * _e8m0_factor(exponent)[:, :, None])
+    return tl.reshape(v * _e8m0_value(exponent + 127)[:, :, None], (ROWS, BLOCK_K))
+
+
+@triton.jit
 def _pack_codes(codes, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
     even, odd = tl.split(tl.reshape(codes, (ROWS, BLOCK_K // 2, 2)))
     return (even | (odd << 4)).to(tl.uint8)
+
+
+@triton.jit
+def _even_odd(values, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """fp32 (ROWS, BLOCK_K) → its even and odd columns, (ROWS, BLOCK_K/2) each in DOT_DTYPE."""
+    even, odd = tl.split(tl.reshape(values, (ROWS, BLOCK_K // 2, 2)))
+    return even.to(DOT_DTYPE), odd.to(DOT_DTYPE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,10 +247,10 @@ def _gemm_mxfp4_kernel(
     # switches
     A_BF16: tl.constexpr, ROUNDING: tl.constexpr, USE_DOT_SCALED: tl.constexpr,
     PRESHUFFLED: tl.constexpr, WRITE_QUANT: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    EXACT_CASTS: tl.constexpr,
+    DECODE_PTX: tl.constexpr, EXACT_CASTS: tl.constexpr,
     # meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
+    SPLIT_K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SWAP_AB: tl.constexpr,
 ):
     pid_m, pid_n, tile_id = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
@@ -135,11 +260,16 @@ def _gemm_mxfp4_kernel(
     mask_n = offs_n < N
     rows_m = offs_m[:, None].to(tl.int64)
     rows_n = offs_n[:, None].to(tl.int64)
-    write_q = pid_n == 0  # debug copies of the in-register quant come from the pid_n == 0 column
+    # Debug copies of the in-register quant come from the pid_n == 0 column. (A tensor, not a
+    # scalar, in the masks: triton 3.9's interpreter rejects `tensor & scalar` masks.)
+    write_q = tl.full((BLOCK_M,), 1, tl.int1) & (pid_n == 0)
     KB: tl.constexpr = BLOCK_K // 2
     KS: tl.constexpr = BLOCK_K // 32
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)  # outᵀ: the weight rows fill the MMA's M
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for i in range(TILES_PER_SPLIT):
         kt = pid_k * TILES_PER_SPLIT + i
         offs_kb = kt * KB + tl.arange(0, KB)   # packed byte columns
@@ -165,39 +295,55 @@ def _gemm_mxfp4_kernel(
         w_bytes = tl.load(w_ptrs, mask=mask_n[:, None] & mask_kb[None, :], other=0)
         w_scale = tl.load(ws_ptrs, mask=mask_n[:, None] & mask_ks[None, :], other=127)
 
-        # activations: packed bytes + scales, or a bf16 tile quantized here
+        # activations: packed bytes + scales, or a bf16 tile quantized here (once per K-tile)
         a_mask_ks = mask_m[:, None] & mask_ks[None, :]
         if A_BF16:
             offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
             x = _load_f32(a_ptr + rows_m * stride_am + offs_k[None, :] * stride_ak,
                           mask_m[:, None] & (offs_k[None, :] < K), EXACT_CASTS)
-            codes, exponent = _quant_tile(x, BLOCK_M, BLOCK_K, ROUNDING)
-            a_scale = (exponent + 127).to(tl.uint8)
             if USE_DOT_SCALED or WRITE_QUANT:
+                codes, exponent = _quant_tile(x, BLOCK_M, BLOCK_K, ROUNDING)
+                a_scale = (exponent + 127).to(tl.uint8)
                 a_bytes = _pack_codes(codes, BLOCK_M, BLOCK_K)
-            if WRITE_QUANT:
-                tl.store(q_out_ptr + rows_m * stride_qm + offs_kb[None, :], a_bytes,
-                         mask=mask_m[:, None] & mask_kb[None, :] & write_q)
-                tl.store(q_scale_out_ptr + rows_m * stride_qsm + offs_ks[None, :], a_scale,
-                         mask=a_mask_ks & write_q)
+                if WRITE_QUANT:
+                    tl.store(q_out_ptr + rows_m * stride_qm + offs_kb[None, :], a_bytes,
+                             mask=mask_m[:, None] & mask_kb[None, :] & write_q[:, None])
+                    tl.store(q_scale_out_ptr + rows_m * stride_qsm + offs_ks[None, :], a_scale,
+                             mask=a_mask_ks & write_q[:, None])
+                if not USE_DOT_SCALED:
+                    a_values = _e2m1_value(codes) * _e8m0_value(a_scale)[:, :, None]
+                    a_even, a_odd = _even_odd(tl.reshape(a_values, (BLOCK_M, BLOCK_K)),
+                                              BLOCK_M, BLOCK_K, DOT_DTYPE)
+            else:
+                a_even, a_odd = _even_odd(_quant_values(x, BLOCK_M, BLOCK_K, ROUNDING),
+                                          BLOCK_M, BLOCK_K, DOT_DTYPE)
         else:
             a_bytes = tl.load(a_ptr + rows_m * stride_am + offs_kb[None, :] * stride_ak,
                               mask=mask_m[:, None] & mask_kb[None, :], other=0)
             a_scale = tl.load(a_scale_ptr + rows_m * stride_asm + offs_ks[None, :] * stride_ask,
                               mask=a_mask_ks, other=127)
+            if not USE_DOT_SCALED:
+                a_even, a_odd = _dequant_halves(a_bytes, a_scale, BLOCK_M, KB, DOT_DTYPE,
+                                                DECODE_PTX)
 
         if USE_DOT_SCALED:
-            acc = tl.dot_scaled(a_bytes, a_scale, "e2m1", tl.trans(w_bytes), w_scale, "e2m1",
-                                acc)
-        else:
-            if A_BF16:
-                a_values = _e2m1_value(codes) * _e8m0_value(a_scale)[:, :, None]
-                a = tl.reshape(a_values, (BLOCK_M, BLOCK_K)).to(DOT_DTYPE)
+            if SWAP_AB:
+                acc = tl.dot_scaled(w_bytes, w_scale, "e2m1", tl.trans(a_bytes), a_scale, "e2m1",
+                                    acc)
             else:
-                a = _dequant_tile(a_bytes, a_scale, BLOCK_M, BLOCK_K).to(DOT_DTYPE)
-            w = _dequant_tile(w_bytes, w_scale, BLOCK_N, BLOCK_K).to(DOT_DTYPE)
-            acc = tl.dot(a, tl.trans(w), acc)
+                acc = tl.dot_scaled(a_bytes, a_scale, "e2m1", tl.trans(w_bytes), w_scale, "e2m1",
+                                    acc)
+        else:
+            w_even, w_odd = _dequant_halves(w_bytes, w_scale, BLOCK_N, KB, DOT_DTYPE, DECODE_PTX)
+            if SWAP_AB:
+                acc = tl.dot(w_even, tl.trans(a_even), acc)
+                acc = tl.dot(w_odd, tl.trans(a_odd), acc)
+            else:
+                acc = tl.dot(a_even, tl.trans(w_even), acc)
+                acc = tl.dot(a_odd, tl.trans(w_odd), acc)
 
+    if SWAP_AB:
+        acc = tl.trans(acc)
     is_last = True
     if SPLIT_K > 1:
         acc, is_last = _split_k_reduce(
@@ -218,12 +364,27 @@ FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DOT_SCALED_TARGETS = ("gfx950",)
 
 
+# Triton's inline asm takes the elements of a thread 4 at a time (pack=4) and aborts the process
+# at compile time when a thread holds a count that 4 does not divide.
+PTX_PACK = 4
+
+
 def _use_dot_scaled(use_dot_scaled: bool | None, target: str) -> bool:
     if interpreting():
         if use_dot_scaled:
             raise ValueError("use_dot_scaled: tl.dot_scaled does not run in Triton's interpreter")
         return False
     return target in DOT_SCALED_TARGETS if use_dot_scaled is None else bool(use_dot_scaled)
+
+
+def _decode_ptx(device: torch.device, dot_scaled: bool, a_bf16: bool, cfg: dict) -> bool:
+    """The inline-PTX e2m1 decode: CUDA only (not the interpreter, not ROCm), on the dequant path,
+    and only where every thread holds >= 4 bytes of each tile it decodes (the weight tile, and the
+    activation tile unless A16WFP4): power-of-two tiles then hold a multiple of 4."""
+    if interpreting() or dot_scaled or device.type != "cuda" or torch.version.hip:
+        return False
+    rows = cfg["BLOCK_N"] if a_bf16 else min(cfg["BLOCK_M"], cfg["BLOCK_N"])
+    return rows * (cfg["BLOCK_K"] // 2) >= PTX_PACK * 32 * cfg["num_warps"]
 
 
 def _check_preshuffled(w, w_scale, n: int, k: int) -> None:
@@ -257,6 +418,7 @@ def _launch(
     config,
     target,
 ):
+    """Launch the kernel; returns Triton's compiled kernel (its `asm` holds the PTX)."""
     m = a.shape[0]
     target = resolve_target(target, a.device)
     dot_scaled = _use_dot_scaled(use_dot_scaled, target)
@@ -271,7 +433,7 @@ def _launch(
     qs_t = out if q_scale_out is None else q_scale_out
     # The interpreter's bf16 dot is broken (triton 3.6): dot the same exact values in fp32.
     dot_dtype = tl.float32 if interpreting() else tl.bfloat16
-    _gemm_mxfp4_kernel[(tiles, split_k)](
+    return _gemm_mxfp4_kernel[(tiles, split_k)](
         a,
         a_scale,
         w,
@@ -302,6 +464,7 @@ def _launch(
         PRESHUFFLED=bool(preshuffled),
         WRITE_QUANT=q_out is not None,
         DOT_DTYPE=dot_dtype,
+        DECODE_PTX=_decode_ptx(a.device, dot_scaled, a_bf16, cfg),
         EXACT_CASTS=interpreting(),
         BLOCK_M=bm,
         BLOCK_N=bn,
@@ -309,6 +472,7 @@ def _launch(
         GROUP_M=cfg["GROUP_M"],
         SPLIT_K=split_k,
         TILES_PER_SPLIT=tiles_per_split,
+        SWAP_AB=bool(cfg["SWAP_AB"]),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

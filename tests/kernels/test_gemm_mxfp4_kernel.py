@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from fxfuse.kernels import formats
-from fxfuse.kernels.gemm_mxfp4 import gemm_a16wfp4, gemm_mxfp4
+from fxfuse.kernels.gemm_mxfp4 import E2M1_BF16_PTX_TEXT, gemm_a16wfp4, gemm_mxfp4
 from fxfuse.kernels.gemm_ref import (
     gemm_a16wfp4_ref,
     gemm_mxfp4_ref,
@@ -127,6 +127,87 @@ def test_prequant_input_dtypes_and_split_k(x_dtype):
     out = gemm_a16wfp4(x, w, w_scale, config={**SMALL, "SPLIT_K": 4})
     ref = gemm_a16wfp4_ref(x, w, w_scale, "even", torch.float64, torch.float64)
     assert _rel(out, ref) <= 1e-2
+
+
+@pytest.mark.parametrize("rounding", formats.MXFP4_ROUNDINGS)
+def test_prequant_values_path_equals_codes_path(rounding):
+    """Without return_quant the kernel rounds to e2m1 values (`_e2m1_round`) instead of forming
+    codes: the output must equal the code path's (fp32 out, same summation) for every rounding."""
+    x = _activations(5, 256, seed=13)
+    x[1, :32] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0] * 4)  # e2m1 ties
+    x[3, 32:64] = float("inf")
+    w, w_scale = _mx(32, 256, 14)
+    kwargs = dict(rounding=rounding, out_dtype=torch.float32, config=SMALL)
+    fast = gemm_a16wfp4(x, w, w_scale, **kwargs)
+    with_codes, _, _ = gemm_a16wfp4(x, w, w_scale, return_quant=True, **kwargs)
+    torch.testing.assert_close(fast, with_codes, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_swapped_tiles(split_k):
+    """SWAP_AB computes the transposed tile; same products, same result."""
+    q, x_scale = _mx(5, 256, 15)
+    w, w_scale = _mx(64, 256, 16)
+    config = {**SMALL, "SWAP_AB": 1, "SPLIT_K": split_k}
+    out = gemm_mxfp4(q, x_scale, w, w_scale, torch.float32, config=config)
+    _check(out, q, x_scale, w, w_scale)
+    x = _activations(5, 256, seed=17)
+    pre = gemm_a16wfp4(x, w, w_scale, out_dtype=torch.float32, config=config)
+    plain = gemm_a16wfp4(x, w, w_scale, out_dtype=torch.float32, config=SMALL)
+    torch.testing.assert_close(pre, plain, rtol=1e-6, atol=1e-6)
+
+
+def _run_ptx(asm: str, word: int) -> list[int]:
+    """A Python model of the PTX subset the decode uses (and/shr/or/mov .b32 and prmt's default
+    mode): run `asm` on input register $4 = word, return $0..$3."""
+    regs = {"$4": word}
+
+    def val(tok):
+        return regs[tok] if tok in regs else int(tok, 0)
+
+    for line in asm.strip().strip("{}").strip().splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        dst, *src = [a.strip() for a in args.split(",")]
+        v = [val(a) for a in src]
+        if op == "and.b32":
+            out = v[0] & v[1]
+        elif op == "or.b32":
+            out = v[0] | v[1]
+        elif op == "shr.u32":
+            out = v[0] >> v[1]
+        elif op == "mov.b32":
+            out = v[0]
+        elif op == "prmt.b32":  # d.byte[i] = {b, a}.byte[c.nibble[i] & 7] (sign mode unused)
+            pool = (v[1] << 32) | v[0]
+            assert all(not (v[2] >> (4 * i)) & 8 for i in range(4)), "sign-replicate mode"
+            out = sum(((pool >> (8 * ((v[2] >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+        else:
+            raise AssertionError(f"unmodelled instruction {op}")
+        regs[dst] = out & 0xFFFFFFFF
+    return [regs["$%d" % i] for i in range(4)]
+
+
+def test_ptx_decode_model_gives_e2m1_as_bf16():
+    """Every byte value in every position of the input register decodes to bf16(e2m1(code)) of
+    its low nibble in $0/$1 and of its high nibble in $2/$3 (the layout the kernel dots)."""
+    e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+    def bf16_bits(code):
+        v = torch.tensor((-1.0 if code & 8 else 1.0) * e2m1[code & 7], dtype=torch.bfloat16)
+        return v.view(torch.int16).item() & 0xFFFF
+
+    for byte in range(256):
+        for pos in range(4):
+            word = (byte << (8 * pos)) | (0x5A << (8 * ((pos + 1) % 4)))  # a neighbour byte
+            regs = _run_ptx(E2M1_BF16_PTX_TEXT, word)
+            lo_regs, hi_regs = regs[:2], regs[2:]
+            lo = (lo_regs[pos // 2] >> (16 * (pos % 2))) & 0xFFFF
+            hi = (hi_regs[pos // 2] >> (16 * (pos % 2))) & 0xFFFF
+            assert lo == bf16_bits(byte & 0xF), (byte, pos, hex(lo))
+            assert hi == bf16_bits(byte >> 4), (byte, pos, hex(hi))
 
 
 # --- gfx950 preshuffled layouts ---------------------------------------------------------------
@@ -253,3 +334,40 @@ def test_gpu_deepseek_shape(m, use_dot_scaled):
     assert torch.equal(pre_q.cpu(), ref_q) and torch.equal(pre_scale.cpu(), ref_scale)
     ref = gemm_mxfp4_ref(ref_q, ref_scale, w, w_scale, torch.float64, torch.float64)
     assert _rel(pre.cpu(), ref) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize("swap,bn,warps", [(0, 64, 4), (1, 64, 4), (1, 128, 4), (0, 32, 8)])
+def test_gpu_decode_and_swap_configs(m, swap, bn, warps):
+    """The inline-PTX decode (on where each thread holds >= 4 bytes of a tile; (0, 32, 8) is a
+    tile where it is off) and swapped tiles, at a DeepSeek shape, AFP4WFP4 and A16WFP4."""
+    from fxfuse.kernels import gemm_mxfp4 as mod
+
+    n, k = 2112, 7168
+    config = {
+        "BLOCK_M": 16,
+        "BLOCK_N": bn,
+        "BLOCK_K": 256,
+        "GROUP_M": 1,
+        "SPLIT_K": 4,
+        "num_warps": warps,
+        "num_stages": 3,
+        "SWAP_AB": swap,
+    }
+    q, x_scale = _mx(m, k, 21)
+    w, w_scale = _mx(n, k, 22)
+    wc, wsc = w.cuda(), w_scale.cuda()
+    out = gemm_mxfp4(
+        q.cuda(), x_scale.cuda(), wc, wsc, torch.float32, config=config, use_dot_scaled=False
+    )
+    ref = gemm_mxfp4_ref(q, x_scale, w, w_scale, torch.float64, torch.float64)
+    assert _rel(out.cpu(), ref) <= 1e-5
+    x = _activations(m, k, seed=23).cuda()
+    pre = gemm_a16wfp4(x, wc, wsc, out_dtype=torch.float32, config=config, use_dot_scaled=False)
+    ref_pre = gemm_a16wfp4_ref(x.cpu(), w, w_scale, "even", torch.float64, torch.float64)
+    assert _rel(pre.cpu(), ref_pre) <= 1e-5
+    cfg = mod.launch_config(mod.KERNEL_NAME, "sm90", m, n, k, config)
+    expect_ptx = mod._decode_ptx(x.device, False, True, cfg)
+    assert expect_ptx == (bn * 128 >= 4 * 32 * warps)
