@@ -312,6 +312,11 @@ def _gemm_fp8_kernel(
 # launcher
 
 KERNEL_NAME = "gemm_fp8"
+# One launch table per variant: A8W8 rowwise (KERNEL_NAME), A8W8 blockscale and the prequant
+# kernels have different best tiles (a config swept for one made another up to 3.6x slower).
+BLOCK_TABLE = "gemm_fp8_block"
+PREQUANT_TABLE = "gemm_a16w8"
+TABLES = (KERNEL_NAME, BLOCK_TABLE, PREQUANT_TABLE)
 CONFIG_FIELDS = (
     "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages", "SWAP_AB",
 )
@@ -369,6 +374,13 @@ def launch_config(kernel: str, target: str, m: int, n: int, k: int, config: dict
     if resolved["num_warps"] not in launch_tables.NUM_WARPS:
         raise ValueError(f"config: num_warps must be one of {launch_tables.NUM_WARPS}")
     return resolved
+
+
+def table_name(a_kind: int, blockwise: bool) -> str:
+    """The launch table of a variant: rowwise A8W8, blockscale A8W8 or prequant A16W8."""
+    if a_kind != A_FP8:
+        return PREQUANT_TABLE
+    return BLOCK_TABLE if blockwise else KERNEL_NAME
 
 
 def split_k_plan(k: int, block_k: int, split_k: int) -> tuple[int, int]:
@@ -443,7 +455,7 @@ def _launch(
     m, k = a.shape
     n = w.shape[0]
     target = resolve_target(target, a.device)
-    cfg = launch_config(KERNEL_NAME, target, m, n, k, config)
+    cfg = launch_config(table_name(a_kind, blockwise), target, m, n, k, config)
     if blockwise:
         cfg["BLOCK_K"] = FP8_BLOCK  # one scale group per K-tile
         # Each K-tile's product lives beside the accumulator: two fp32 tiles of registers.

@@ -329,17 +329,25 @@ def test_prequant_bad_inputs():
 # --- launch tables ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("name", kernels.TABLES)
 @pytest.mark.parametrize("target", ["sm90", "gfx950", "gfx942"])
-def test_table_covers_deepseek_shapes(target):
-    table = launch_tables.load_table("gemm_fp8")
+def test_table_covers_deepseek_shapes(target, name):
+    table = launch_tables.load_table(name)
     assert table["targets"][target]["timed"] is False or target == "sm90"
     for n, k in [(2112, 7168), (3072, 1536), (4096, 512), (7168, 2048), (24576, 1536)]:
         for m in (1, 16, 32, 64, 128, 1024, 16384):
-            config = kernels.launch_config("gemm_fp8", target, m, n, k, None)
+            config = kernels.launch_config(name, target, m, n, k, None)
             split, per_split = split_k_plan(k, config["BLOCK_K"], config["SPLIT_K"])
             assert split * per_split * config["BLOCK_K"] >= k
             if m > 128:
                 assert config["SPLIT_K"] == 1
+
+
+def test_each_variant_reads_its_table():
+    assert kernels.table_name(kernels.A_FP8, False) == "gemm_fp8"
+    assert kernels.table_name(kernels.A_FP8, True) == "gemm_fp8_block"
+    for kind in (kernels.A_GROUP, kernels.A_ROW_AMAX, kernels.A_ROW_PRESCALED):
+        assert kernels.table_name(kind, False) == "gemm_a16w8"
 
 
 # --- GPU ----------------------------------------------------------------------------------------
