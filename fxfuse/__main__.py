@@ -1,10 +1,11 @@
-"""`python -m fxfuse demo` / `fxfuse demo`: the bundled DeepSeek-style block, fused, with its
-report, a numerics check against the unfused model and, on a GPU, timings.
+"""`python -m fxfuse demo` / `fxfuse demo`: a bundled model (by default the DeepSeek-V3.2-style
+layers, `--model deepseek_block` for the simpler block), fused, with its report, a numerics check
+against the unfused model and, on a GPU, timings.
 
 `python -m fxfuse explain [MODEL]`: the report as a table and, per rewrite, the subgraph before and
 after as SVG (torch.fx's FxGraphDrawer, when pydot and Graphviz are installed) or as Graphviz .dot
-text. MODEL is `deepseek_block` (the bundled block) or `pkg.module:factory`, a callable returning
-`(model, example_inputs)`.
+text. MODEL is a bundled model (`deepseek_block`, the default, or `deepseek_v32`) or
+`pkg.module:factory`, a callable returning `(model, example_inputs)`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from torch import fx
 
 import fxfuse
-from fxfuse.models import deepseek_block
+from fxfuse.models import deepseek_block, deepseek_v32
 from fxfuse.models.quant_linear import QUANT_KINDS
 
 
@@ -41,16 +42,36 @@ def _time_us(fn, reps: int = 50) -> tuple[float, str]:
         return 1e3 * triton.testing.do_bench(fn, rep=reps), "do_bench"
 
 
+# name -> (description, default quant kind)
+BUNDLED_MODELS = {
+    "deepseek_v32": ("DeepSeek-V3.2-style layers (MLA, DSA indexer top-k)", "fp8_block"),
+    "deepseek_block": ("DeepSeek-style block", "fp8_rowwise"),
+}
+DEFAULT_DEMO_MODEL = "deepseek_v32"
+
+
+def bundled_model(name: str, args: argparse.Namespace, device="cpu"):
+    """(model, example_inputs, config) of a bundled model sized by --hidden / --layers /
+    --batch / --seq, with --quant or the model's default kind."""
+    quant = args.quant or BUNDLED_MODELS[name][1]
+    if name == "deepseek_v32":
+        cfg = deepseek_v32.V32Config(hidden=args.hidden, layers=args.layers, quant=quant)
+        module = deepseek_v32
+    else:
+        cfg = deepseek_block.BlockConfig(
+            hidden=args.hidden, q_lora_rank=args.hidden // 2, kv_lora_rank=args.hidden // 2,
+            intermediate=2 * args.hidden, layers=args.layers, quant=quant,
+        )
+        module = deepseek_block
+    model = module.build(cfg, device=device)
+    return model, module.example_inputs(cfg, batch=args.batch, seq=args.seq, device=device), cfg
+
+
 def demo(args: argparse.Namespace) -> int:
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
-    cfg = deepseek_block.BlockConfig(
-        hidden=args.hidden, q_lora_rank=args.hidden // 2, kv_lora_rank=args.hidden // 2,
-        intermediate=2 * args.hidden, layers=args.layers, quant=args.quant,
-    )
-    model = deepseek_block.build(cfg, device=device)
-    inputs = deepseek_block.example_inputs(cfg, batch=args.batch, seq=args.seq, device=device)
-    print(f"fxfuse demo: DeepSeek-style block, {cfg.layers} layers, hidden {cfg.hidden}, "
-          f"{cfg.quant} linears, input {tuple(inputs[0].shape)} on {device}")
+    model, inputs, cfg = bundled_model(args.model, args, device)
+    print(f"fxfuse demo: {BUNDLED_MODELS[args.model][0]}, {cfg.layers} layers, hidden "
+          f"{cfg.hidden}, {cfg.quant} linears, input {tuple(inputs[0].shape)} on {device}")
     with torch.no_grad():
         start = time.perf_counter()
         fused = fxfuse.apply_fusions(model, inputs)
@@ -85,22 +106,20 @@ def demo(args: argparse.Namespace) -> int:
 
 # --- explain ------------------------------------------------------------------------------------
 
-BUNDLED_MODEL = "deepseek_block"
+BUNDLED_MODEL = "deepseek_block"  # explain's default
 
 
 def load_model(spec: str, args: argparse.Namespace) -> tuple[torch.nn.Module, tuple]:
-    """(model, example_inputs) for MODEL: the bundled block, or `pkg.module:factory()`."""
-    if spec == BUNDLED_MODEL:
-        cfg = deepseek_block.BlockConfig(
-            hidden=args.hidden, q_lora_rank=args.hidden // 2, kv_lora_rank=args.hidden // 2,
-            intermediate=2 * args.hidden, layers=args.layers, quant=args.quant or "fp8_rowwise",
-        )
-        model = deepseek_block.build(cfg)
-        return model, deepseek_block.example_inputs(cfg, batch=args.batch, seq=args.seq)
+    """(model, example_inputs) for MODEL: a bundled model, or `pkg.module:factory()`."""
+    if spec in BUNDLED_MODELS:
+        model, inputs, _ = bundled_model(spec, args)
+        return model, inputs
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr.isidentifier():
+        others = ", ".join(repr(name) for name in BUNDLED_MODELS if name != BUNDLED_MODEL)
         raise ValueError(
-            f"MODEL: expected {BUNDLED_MODEL!r} or a dotted path 'pkg.module:factory', got {spec!r}"
+            f"MODEL: expected {BUNDLED_MODEL!r} or a dotted path 'pkg.module:factory' (also "
+            f"bundled: {others}), got {spec!r}"
         )
     try:
         module = importlib.import_module(module_name)
@@ -251,8 +270,11 @@ def explain(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fxfuse")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="fuse the bundled DeepSeek-style block and check it")
-    p.add_argument("--quant", choices=QUANT_KINDS, default="fp8_rowwise")
+    p = sub.add_parser("demo", help="fuse a bundled DeepSeek-style model and check it")
+    p.add_argument("--model", choices=list(BUNDLED_MODELS), default=DEFAULT_DEMO_MODEL)
+    p.add_argument("--quant", choices=QUANT_KINDS, default=None,
+                   help="linear kind (default: fp8_block for deepseek_v32, fp8_rowwise for "
+                        "deepseek_block)")
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--batch", type=int, default=2)
@@ -260,15 +282,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", action="store_true", help="stay on the CPU even with a GPU present")
     p = sub.add_parser("explain", help="the report as a table, each rewrite drawn before/after")
     p.add_argument("model", nargs="?", default=BUNDLED_MODEL, metavar="MODEL",
-                   help=f"{BUNDLED_MODEL!r} (default) or 'pkg.module:factory' returning "
-                        "(model, example_inputs)")
+                   help=f"{BUNDLED_MODEL!r} (default), 'deepseek_v32' or 'pkg.module:factory' "
+                        "returning (model, example_inputs)")
     p.add_argument("--quant", choices=QUANT_KINDS, default=None,
-                   help="linear kind (the bundled block; passed as quant= to a factory)")
+                   help="linear kind (bundled models; passed as quant= to a factory)")
     p.add_argument("--out", default="fxfuse_explain", help="folder for the drawings")
-    p.add_argument("--hidden", type=int, default=256, help="bundled block only")
-    p.add_argument("--layers", type=int, default=1, help="bundled block only")
-    p.add_argument("--batch", type=int, default=2, help="bundled block only")
-    p.add_argument("--seq", type=int, default=16, help="bundled block only")
+    p.add_argument("--hidden", type=int, default=256, help="bundled models only")
+    p.add_argument("--layers", type=int, default=1, help="bundled models only")
+    p.add_argument("--batch", type=int, default=2, help="bundled models only")
+    p.add_argument("--seq", type=int, default=16, help="bundled models only")
     args = parser.parse_args(argv)
     if args.hidden % 128:
         parser.error("--hidden: must be a multiple of 128 (1x128 block quant)")
