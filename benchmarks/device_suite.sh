@@ -16,7 +16,9 @@ step() {  # name, seconds, command...
   local rc=$?
   tail -n "${TAIL:-40}" "$RES/$name.log"
   echo "=== $name rc=$rc in $(( $(date +%s) - t0 ))s"
+  pack  # after every step: a call cut off by its time limit still brings back what ran
 }
+pack() { [ "$OUT" = "$RES" ] || tar czf "$OUT/results.tgz" -C "$RES" . ; }
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>/dev/null
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 for s in $STEPS; do
@@ -37,6 +39,17 @@ for s in $STEPS; do
         && cp fxfuse/runtime/tables/gemm_mxfp4.json "$RES/gemm_mxfp4_table.json"; echo "=== gemm_mxfp4_install rc=$?" ;;
     split_cat) step split_cat "${T_SPLIT:-70}" python benchmarks/bench_gemm_split_cat.py --out "$RES" ;;
     split_cat_sweep) step split_cat_sweep "${T_SPLIT_SWEEP:-120}" python benchmarks/bench_gemm_split_cat.py --sweep-only ${SPLIT_SWEEP_ARGS:-} --out "$RES" ;;
+    split_cat_install)  # the sweep's sm90 entries into the table, validated, before timing with it
+      python - "$RES/gemm_split_cat_sweep_sm90.json" <<'PY'
+import json, sys
+from fxfuse.runtime.launch_tables import _validate
+path = "fxfuse/runtime/tables/gemm_split_cat.json"
+table = json.load(open(path))
+table["targets"]["sm90"] = json.load(open(sys.argv[1]))
+_validate(table, "gemm_split_cat")
+json.dump(table, open(path, "w"), indent=2)
+PY
+      cp fxfuse/runtime/tables/gemm_split_cat.json "$RES/gemm_split_cat_table.json"; echo "=== split_cat_install rc=$?" ;;
     topk) step topk "${T_TOPK:-70}" python benchmarks/bench_topk.py --budget-s ${TOPK_BUDGET:-55} ${TOPK_ARGS:-} --out "$RES" ;;
     rms_midm) PYTHONPATH=$PWD:$PWD/benchmarks step rms_midm "${T_MIDM:-150}" python benchmarks/experiments/rms_midm_probe.py ;;
     probe) step probe "${T_PROBE:-150}" python benchmarks/experiments/rms_fp8_probe.py ;;
@@ -56,4 +69,4 @@ PY
     *) echo "unknown step $s" ;;
   esac
 done
-tar czf "$OUT/results.tgz" -C "$RES" . && echo "results in results.tgz: $(ls "$RES" | tr '\n' ' ')"
+pack && echo "results in results.tgz: $(ls "$RES" | tr '\n' ' ')"
