@@ -52,6 +52,7 @@ PY
       cp fxfuse/runtime/tables/gemm_split_cat.json "$RES/gemm_split_cat_table.json"; echo "=== split_cat_install rc=$?" ;;
     topk) step topk "${T_TOPK:-70}" python benchmarks/bench_topk.py --budget-s ${TOPK_BUDGET:-55} ${TOPK_ARGS:-} --out "$RES" ;;
     rms_midm) PYTHONPATH=$PWD:$PWD/benchmarks step rms_midm "${T_MIDM:-150}" python benchmarks/experiments/rms_midm_probe.py ;;
+    layer_profile) step layer_profile "${T_PROFILE:-150}" python benchmarks/experiments/layer_profile.py ${PROFILE_ARGS:-} ;;
     probe) step probe "${T_PROBE:-150}" python benchmarks/experiments/rms_fp8_probe.py ;;
     rms_table)  # install the sweep's sm90 table before timing with it
       python - "$RES/rms_norm_quant_sweep.json" <<'PY'
@@ -63,9 +64,9 @@ table["targets"]["sm90"] = sweep["sm90"]
 json.dump(table, open(path, "w"), indent=2)
 PY
       cp fxfuse/runtime/tables/rms_norm_quant.json "$RES/rms_norm_quant_table.json"; echo "=== rms_table installed" ;;
-    chain) step chain "${T_CHAIN:-150}" python benchmarks/bench_chain.py --out "$RES" ;;
+    chain) step chain "${T_CHAIN:-150}" python benchmarks/bench_chain.py ${CHAIN_ARGS:-} --out "$RES" ;;
     demo) step demo "${T_DEMO:-90}" python -m fxfuse demo ;;
-    layer) step layer "${T_LAYER:-60}" python benchmarks/bench_layer.py --out "$RES" ;;
+    layer) step layer "${T_LAYER:-60}" python benchmarks/bench_layer.py ${LAYER_ARGS:-} --out "$RES" ;;
     *) echo "unknown step $s" ;;
   esac
 done
