@@ -91,13 +91,41 @@ def _scaled_mm_replace(m: Match, ctx, insert: Inserter):
 #   w_deq = w.float() * ws                         ws (N, 1) per channel, or the 128×128 blocks
 #                                                  ws.repeat_interleave(128, 0).repeat_interleave(128, 1)
 #   out   = (x_deq @ w_deq.t())[.to(out_dtype)]
+# After Inductor's decompositions (torch.compile's post-grad graph) x.repeat_interleave(r, d) of a
+# static r reads x.unsqueeze(d + 1).expand(..., r, ...).clone().reshape(...).
 
 _x_deq = Op(MUL, Cast(Any("q"), torch.float32), Any("x_scale"), commutative=True, name="x_deq")
-_w_scale = Alt(
-    Op(REPEAT, Op(REPEAT, Any("w_scale"), Lit("rep0"), Lit("dim0")), Lit("rep1"), Lit("dim1"),
-       name="blocks"),
-    Any("w_scale"),
-)
+
+
+def _repeated(inner, i: int):
+    """inner.repeat_interleave(rep{i}, dim{i}), either spelling; the result bound to repeat{i}."""
+    decomposed = Op(aten.unsqueeze.default, inner, Lit(f"unsqueeze{i}"))
+    decomposed = Op(aten.clone.default, Op(aten.expand.default, decomposed, Lit(f"expand{i}")))
+    return Alt(
+        Op(REPEAT, inner, Lit(f"rep{i}"), Lit(f"dim{i}"), name=f"repeat{i}"),
+        Op(VIEWS, decomposed, Lit(f"shape{i}"), name=f"repeat{i}"),
+    )
+
+
+_w_scale = Alt(_repeated(_repeated(Any("w_scale"), 0), 1), Any("w_scale"))
+
+
+def _repeat_args(m: Match, i: int, source) -> tuple[int, int] | None:
+    """(repeats, dim) of stage i (source: its input node), or None when the decomposed spelling
+    is not a repeat_interleave (the reshape must fold the inserted dim into the one before)."""
+    if m.get(f"unsqueeze{i}") is None:
+        return m[f"rep{i}"], m[f"dim{i}"]
+    src, out = tuple(val(source).shape), tuple(val(m[f"repeat{i}"]).shape)
+    dim = m[f"unsqueeze{i}"] % (len(src) + 1) - 1
+    sizes = list(m[f"expand{i}"])
+    if dim < 0 or len(sizes) != len(src) + 1:
+        return None
+    rep = sizes[dim + 1]
+    if sizes[: dim + 1] + sizes[dim + 2 :] != list(src):
+        return None
+    if out != src[:dim] + (src[dim] * rep,) + src[dim + 1 :]:
+        return None
+    return rep, dim
 _w_deq = Op(MUL, Cast(Any("w"), torch.float32), _w_scale, commutative=True)
 _matmul = Op(
     (aten.matmul.default, aten.mm.default),
@@ -117,8 +145,12 @@ def _dequant_guard(m: Match, ctx) -> str | None:
     if m.get("out_dtype", torch.float32) not in (torch.bfloat16, torch.float16, torch.float32):
         return f"output cast to {m['out_dtype']}"
     n, k = w.shape
-    if m.get("blocks") is not None:
-        if (m["rep0"], m["rep1"]) != (128, 128) or {m["dim0"] % 2, m["dim1"] % 2} != {0, 1}:
+    if m.get("repeat1") is not None:
+        inner = _repeat_args(m, 0, m["w_scale"])
+        outer = _repeat_args(m, 1, m["repeat0"])
+        if inner is None or outer is None:
+            return "weight scales expanded other than by repeat_interleave"
+        if (inner[0], outer[0]) != (128, 128) or {inner[1] % 2, outer[1] % 2} != {0, 1}:
             return "weight scales expanded to other than 128×128 blocks"
         if q.dim() != 3 or tuple(q.shape[-2:]) != (k // 128, 128) or tuple(s.shape) != (
             q.shape[0], k // 128, 1
@@ -135,7 +167,7 @@ def _dequant_guard(m: Match, ctx) -> str | None:
 def _dequant_replace(m: Match, ctx, insert: Inserter):
     q, s, ws = m["q"], m["x_scale"], m["w_scale"]
     k = val(m["w"]).shape[1]
-    if m.get("blocks") is not None:
+    if m.get("repeat1") is not None:
         q = insert.call(aten.reshape.default, (q, [-1, k]))
         s = insert.call(aten.reshape.default, (s, [-1, k // 128]))
     out_dtype = m.get("out_dtype", torch.float32)

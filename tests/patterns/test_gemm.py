@@ -260,6 +260,20 @@ def test_dequant_then_matmul_fuses(reference_path, model_cls):
     assert _rel(fused(x), model(x)) <= 1e-2
 
 
+@pytest.mark.parametrize("rep", [128, 64])
+def test_dequant_blocks_under_torch_compile(reference_path, rep):
+    """Inductor decomposes repeat_interleave before the post-grad pass: unsqueeze → expand →
+    clone → reshape. The 128×128 blocks still canonicalize; 64-wide ones stay a near-miss."""
+    model = DequantBlocks(rep=rep).requires_grad_(False)
+    x, _ = _inputs(24)
+    torch._dynamo.reset()
+    out = torch.compile(model, backend="fxfuse")(x)
+    report = fxfuse.last_report()
+    assert report.canonicalized.get("gemm_fp8[dequant]", 0) == (rep == 128), report
+    assert report.counts["quant_gemm"] == (rep == 128)
+    assert _rel(out, model(x)) <= 1e-2
+
+
 def test_dequant_with_other_blocks_is_a_near_miss(reference_path):
     model = DequantBlocks(rep=64)
     x, _ = _inputs(8)
