@@ -737,6 +737,23 @@ def test_mask_near_misses(fn, reason, reference_path):
     _assert_not_fired(fn, (torch.randn(40, 40),), "topk_mask", reason)
 
 
+def deepseek_mask_k512(scores):
+    idx = scores.topk(512, dim=-1).indices
+    return torch.ones(scores.shape, dtype=torch.bool).scatter(-1, idx, False)
+
+
+def test_dense_mask_is_left_to_torch(reference_path):
+    """k ≥ 512 and more than a quarter of the row: the unfused radix top-k is faster."""
+    _assert_not_fired(deepseek_mask_k512, (torch.randn(2, 2047),), "topk_mask", "quarter of the row")
+
+
+def test_mask_at_a_quarter_of_the_row_fires(reference_path):
+    args = (torch.randn(2, 2048),)
+    out, report, ops = _fuse(deepseek_mask_k512, args, "export")
+    _assert_fired(report, ops, "topk_mask", "fxfuse.topk_mask")
+    assert torch.equal(out, deepseek_mask_k512(*args))
+
+
 # --- dynamic rows -------------------------------------------------------------------------------
 
 
