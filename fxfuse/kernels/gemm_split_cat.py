@@ -319,23 +319,15 @@ def _epilogue_subtiles(block_n: int, widths: list[int]) -> int:
     return 0
 
 
-def _host_cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # triton.cdiv is slow to call from Python; the jitted _cdiv is the kernels'
-
-
-def _next_pow2(v: int) -> int:
-    return 1 << max(v - 1, 0).bit_length()
-
-
 def _copy_meta(rows: int, s3: int) -> dict:
-    block_s3 = min(_next_pow2(max(s3, 1)), MAX_BLOCK_S3)
+    block_s3 = min(triton.next_power_of_2(max(s3, 1)), MAX_BLOCK_S3)
     copy_rows = max(1, COPY_STEP_ELEMENTS // block_s3)
-    programs = _host_cdiv(rows, copy_rows * COPY_ITERS) if s3 > 0 else 0
+    programs = triton.cdiv(rows, copy_rows * COPY_ITERS) if s3 > 0 else 0
     return {
         "COPY_ROWS": copy_rows,
         "BLOCK_S3": block_s3,
         "COPY_ITERS": COPY_ITERS,
-        "COPY_COL_ITERS": _host_cdiv(s3, block_s3),
+        "COPY_COL_ITERS": triton.cdiv(s3, block_s3),
         "programs": programs,
     }
 
@@ -346,7 +338,7 @@ def _plan_uncached(m, n, k, d, widths, s3, config, target) -> dict:
     block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     split_k = cfg["SPLIT_K"]
     copy = _copy_meta(m * d, s3)
-    tiles = _host_cdiv(m, block_m) * _host_cdiv(n, block_n)
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     plan = {
         "cfg": cfg,
         "copy_meta": {key: value for key, value in copy.items() if key != "programs"},
@@ -356,7 +348,7 @@ def _plan_uncached(m, n, k, d, widths, s3, config, target) -> dict:
         "split_k": split_k,
         # Loop trip counts are constexprs: the interpreter (triton 3.6, numpy 2.4) cannot run
         # `range` over a run-time bound. A layer's K is fixed: no extra compiles in practice.
-        "k_iters": _host_cdiv(k, block_k * split_k),
+        "k_iters": triton.cdiv(k, block_k * split_k),
         "even_k": k % (block_k * split_k) == 0,
     }
     if split_k > 1:
@@ -365,7 +357,7 @@ def _plan_uncached(m, n, k, d, widths, s3, config, target) -> dict:
         plan["reduce"] = (
             reduce_m,
             reduce_n,
-            _host_cdiv(m, reduce_m) * _host_cdiv(n, reduce_n),
+            triton.cdiv(m, reduce_m) * triton.cdiv(n, reduce_n),
             _epilogue_subtiles(reduce_n, list(widths)),
         )
     return plan
