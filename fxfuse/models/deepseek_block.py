@@ -109,6 +109,8 @@ def build(cfg: BlockConfig = BlockConfig(), device="cpu", seed: int = 0) -> Deep
     return DeepSeekBlock(cfg).to(device=device).eval()
 
 
-def example_inputs(cfg: BlockConfig, batch: int = 2, seq: int = 16, device="cpu", seed: int = 1):
+def example_inputs(cfg, batch: int = 2, seq: int = 16, device="cpu", seed: int = 1):
+    """(hidden,) bf16 (batch, seq, cfg.hidden), for any config with a `hidden` (this block's and
+    deepseek_v32's). A decode step of M requests is (M, 1, hidden)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     return (torch.randn(batch, seq, cfg.hidden, generator=g).to(device=device, dtype=torch.bfloat16),)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fxfuse.kernels import formats, gemm_ref
+from fxfuse.models.deepseek_block import RMSNorm, example_inputs  # noqa: F401 - example_inputs re-exported
 from fxfuse.models.quant_linear import QUANT_KINDS, QuantLinear
 
 # Output-row alignment per kind: fp8_block stores 128×128 weight blocks; `torch._scaled_mm`
@@ -90,22 +91,6 @@ def tensor_parallel(cfg: V32Config) -> tuple[int, int]:
 
 
 # --- building blocks ----------------------------------------------------------------------------
-
-
-class RMSNorm(nn.Module):
-    """DeepSeek / Llama spelling: fp32 statistics, round, then the weight."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter((1.0 + 0.1 * torch.randn(dim)).to(torch.bfloat16))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        variance = h.pow(2).mean(-1, keepdim=True)
-        h = h * torch.rsqrt(variance + self.eps)
-        return self.weight * h.to(dtype)
 
 
 class PaddedQuantLinear(QuantLinear):
@@ -345,9 +330,3 @@ def build(cfg: V32Config = V32Config(), device="cpu", seed: int = 0) -> DeepSeek
     torch.manual_seed(seed)
     # Only .to(device): a dtype cast would turn the FP8 weight buffers into bf16.
     return DeepSeekV32(cfg).to(device=device).eval()
-
-
-def example_inputs(cfg: V32Config, batch: int = 2, seq: int = 16, device="cpu", seed: int = 1):
-    """(hidden,) bf16 (batch, seq, hidden). A decode step of M requests is (M, 1, hidden)."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    return (torch.randn(batch, seq, cfg.hidden, generator=g).to(device=device, dtype=torch.bfloat16),)
