@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 import fxfuse
 from fxfuse.models import deepseek_v32
 from fxfuse.models.quant_linear import QUANT_KINDS
-from tests.helpers import fused_targets
+from tests.helpers import assert_kv_b_feeds_only_split_cat, fused_targets
 
 LAYERS = 2
 RTOL = 1e-2  # SPEC §5, whole models
@@ -57,12 +57,7 @@ def _check_every_layer(fused, layers=LAYERS) -> None:
     assert counts["quant_gemm"] == 2 * layers, report
     assert counts["gemm_split_cat"] == layers, report
     assert counts["topk_mask"] == layers, report
-    for layer in range(layers):
-        weight = next(
-            n for n in fused.graph.nodes
-            if n.op == "get_attr" and n.target.endswith(f"layers.{layer}.self_attn.kv_b_proj.weight")
-        )  # fmt: skip
-        assert [str(u.target) for u in weight.users] == ["fxfuse.gemm_split_cat.default"]
+    assert_kv_b_feeds_only_split_cat(fused, layers)
     assert fused_targets(fused).count("fxfuse.topk_mask.default") == layers
 
 

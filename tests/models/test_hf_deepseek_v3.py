@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import fxfuse
+from tests.helpers import assert_kv_b_feeds_only_split_cat
 
 transformers = pytest.importorskip("transformers")
 LAYERS = 2
@@ -46,12 +47,7 @@ def _fuse_and_run(attn: str):
 def _kv_b_fused_in_every_layer(fused) -> None:
     report = fused.fxfuse_report
     assert report.counts["gemm_split_cat"] == LAYERS, str(report)
-    for layer in range(LAYERS):
-        weight = next(
-            n for n in fused.graph.nodes
-            if n.op == "get_attr" and n.target.endswith(f"layers.{layer}.self_attn.kv_b_proj.weight")
-        )  # fmt: skip
-        assert [str(u.target) for u in weight.users] == ["fxfuse.gemm_split_cat.default"]
+    assert_kv_b_feeds_only_split_cat(fused, LAYERS)
     # The q_b split feeds a cat of its own rope output: declined, with the reason.
     assert any("computed from the GEMM" in r for _, _, r in report.rejected)
 
