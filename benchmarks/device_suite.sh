@@ -19,6 +19,21 @@ step() {  # name, seconds, command...
   pack  # after every step: a call cut off by its time limit still brings back what ran
 }
 pack() { [ "$OUT" = "$RES" ] || tar czf "$OUT/results.tgz" -C "$RES" . ; }
+install_sm90() {  # table, sweep JSON[, key of the sm90 spec in it]: replace, validate, keep a copy
+  python - "$@" <<'PY'
+import json, sys
+from fxfuse.runtime.launch_tables import _validate
+name, sweep = sys.argv[1], json.load(open(sys.argv[2]))
+path = f"fxfuse/runtime/tables/{name}.json"
+table = json.load(open(path))
+table["targets"]["sm90"] = sweep[sys.argv[3]] if len(sys.argv) > 3 else sweep
+_validate(table, name)
+json.dump(table, open(path, "w"), indent=2)
+PY
+  local rc=$?
+  cp "fxfuse/runtime/tables/$1.json" "$RES/$1_table.json"
+  echo "=== $1 sm90 table installed rc=$rc"
+}
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>/dev/null
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 for s in $STEPS; do
@@ -39,31 +54,14 @@ for s in $STEPS; do
         && cp fxfuse/runtime/tables/gemm_mxfp4.json "$RES/gemm_mxfp4_table.json"; echo "=== gemm_mxfp4_install rc=$?" ;;
     split_cat) step split_cat "${T_SPLIT:-70}" python benchmarks/bench_gemm_split_cat.py --out "$RES" ;;
     split_cat_sweep) step split_cat_sweep "${T_SPLIT_SWEEP:-120}" python benchmarks/bench_gemm_split_cat.py --sweep-only ${SPLIT_SWEEP_ARGS:-} --out "$RES" ;;
-    split_cat_install)  # the sweep's sm90 entries into the table, validated, before timing with it
-      python - "$RES/gemm_split_cat_sweep_sm90.json" <<'PY'
-import json, sys
-from fxfuse.runtime.launch_tables import _validate
-path = "fxfuse/runtime/tables/gemm_split_cat.json"
-table = json.load(open(path))
-table["targets"]["sm90"] = json.load(open(sys.argv[1]))
-_validate(table, "gemm_split_cat")
-json.dump(table, open(path, "w"), indent=2)
-PY
-      cp fxfuse/runtime/tables/gemm_split_cat.json "$RES/gemm_split_cat_table.json"; echo "=== split_cat_install rc=$?" ;;
+    split_cat_install)  # the sweep's sm90 entries into the table before timing with it
+      install_sm90 gemm_split_cat "$RES/gemm_split_cat_sweep_sm90.json" ;;
     topk) step topk "${T_TOPK:-70}" python benchmarks/bench_topk.py --budget-s ${TOPK_BUDGET:-55} ${TOPK_ARGS:-} --out "$RES" ;;
     rms_midm) PYTHONPATH=$PWD:$PWD/benchmarks step rms_midm "${T_MIDM:-150}" python benchmarks/experiments/rms_midm_probe.py ;;
     layer_profile) step layer_profile "${T_PROFILE:-150}" python benchmarks/experiments/layer_profile.py ${PROFILE_ARGS:-} ;;
     probe) step probe "${T_PROBE:-150}" python benchmarks/experiments/rms_fp8_probe.py ;;
     rms_table)  # install the sweep's sm90 table before timing with it
-      python - "$RES/rms_norm_quant_sweep.json" <<'PY'
-import json, sys
-sweep = json.load(open(sys.argv[1]))
-path = "fxfuse/runtime/tables/rms_norm_quant.json"
-table = json.load(open(path))
-table["targets"]["sm90"] = sweep["sm90"]
-json.dump(table, open(path, "w"), indent=2)
-PY
-      cp fxfuse/runtime/tables/rms_norm_quant.json "$RES/rms_norm_quant_table.json"; echo "=== rms_table installed" ;;
+      install_sm90 rms_norm_quant "$RES/rms_norm_quant_sweep.json" sm90 ;;
     chain) step chain "${T_CHAIN:-150}" python benchmarks/bench_chain.py ${CHAIN_ARGS:-} --out "$RES" ;;
     demo) step demo "${T_DEMO:-90}" python -m fxfuse demo ;;
     layer) step layer "${T_LAYER:-60}" python benchmarks/bench_layer.py ${LAYER_ARGS:-} --out "$RES" ;;

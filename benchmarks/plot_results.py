@@ -113,6 +113,22 @@ def _title(suite: str, header: dict, what: str) -> str:
 # --- charts -------------------------------------------------------------------------------------
 
 
+def _ratio_axis(suite, header, what, rows, left, top, plot_w, plot_h):
+    """(y_of, body): the log2 ratio axis over rows' ratios, its gridlines and the chart title."""
+    lo2, hi2, ticks = _log_axis(min(r["ratio"] for r in rows), max(r["ratio"] for r in rows))
+
+    def y_of(v: float) -> float:
+        return top + plot_h * (hi2 - math.log2(v)) / (hi2 - lo2)
+
+    body = [_text(left, 22, _title(suite, header, what), 14, extra='font-weight="bold"')]
+    for t in ticks:
+        y = y_of(t)
+        stroke = 'stroke="#333" stroke-width="1.5"' if t == 1 else 'stroke="#ddd"'
+        body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" {stroke}/>')
+        body.append(_text(left - 6, y + 4, _ratio_label(t), 10, "end"))
+    return y_of, body
+
+
 def bar_chart(suite: str, header: dict, rows: list[dict]) -> str:
     """A bar per row from 1 to its ratio, log2 scale, coloured by case."""
     cases = list(dict.fromkeys(r["case"] for r in rows))
@@ -122,18 +138,8 @@ def bar_chart(suite: str, header: dict, rows: list[dict]) -> str:
     plot_w = len(rows) * (bar + gap) + gap
     width = left + plot_w + 30 + legend_w
     height = top + plot_h + label_h + 20
-    lo2, hi2, ticks = _log_axis(min(r["ratio"] for r in rows), max(r["ratio"] for r in rows))
-
-    def y_of(v: float) -> float:
-        return top + plot_h * (hi2 - math.log2(v)) / (hi2 - lo2)
-
-    body = [_text(left, 22, _title(suite, header, "fxfuse speed-up over the best peer"), 14,
-                  extra='font-weight="bold"')]  # fmt: skip
-    for t in ticks:
-        y = y_of(t)
-        stroke = 'stroke="#333" stroke-width="1.5"' if t == 1 else 'stroke="#ddd"'
-        body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" {stroke}/>')
-        body.append(_text(left - 6, y + 4, _ratio_label(t), 10, "end"))
+    y_of, body = _ratio_axis(suite, header, "fxfuse speed-up over the best peer", rows, left, top,
+                             plot_w, plot_h)
     base = y_of(1.0)
     for i, r in enumerate(rows):
         x = left + gap + i * (bar + gap)
@@ -178,22 +184,13 @@ def line_chart(suite: str, header: dict, rows: list[dict]) -> str | None:
     height = max(top + plot_h + 50, top + 16 * len(names) + 20)
     points = [r for rs in series.values() for r in rs]
     ms = sorted({r["shape"]["m"] for r in points})
-    lo2, hi2, ticks = _log_axis(min(r["ratio"] for r in points), max(r["ratio"] for r in points))
     m_lo, m_hi = math.log2(ms[0]), math.log2(ms[-1]) if ms[-1] > ms[0] else math.log2(ms[0]) + 1
 
     def x_of(m: float) -> float:
         return left + plot_w * (math.log2(m) - m_lo) / (m_hi - m_lo)
 
-    def y_of(v: float) -> float:
-        return top + plot_h * (hi2 - math.log2(v)) / (hi2 - lo2)
-
-    body = [_text(left, 22, _title(suite, header, "fxfuse speed-up over the best peer by M"), 14,
-                  extra='font-weight="bold"')]  # fmt: skip
-    for t in ticks:
-        y = y_of(t)
-        stroke = 'stroke="#333" stroke-width="1.5"' if t == 1 else 'stroke="#ddd"'
-        body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" {stroke}/>')
-        body.append(_text(left - 6, y + 4, _ratio_label(t), 10, "end"))
+    y_of, body = _ratio_axis(suite, header, "fxfuse speed-up over the best peer by M", points,
+                             left, top, plot_w, plot_h)
     for m in ms:
         x = x_of(m)
         body.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" stroke="#eee"/>')
