@@ -10,9 +10,10 @@ call in one graph):
                                 activation tile in registers (A16W8 / A16WFP4 "prequant")
 
 Both sides quantize with the same arithmetic, so the quantized activations are the same bytes.
-The A8W8 rowwise GEMM has two implementations, picked per shape by the `gemm_fp8_backend` launch
-table (FXFUSE_GEMM_BACKEND=triton|vendor overrides): fxfuse's Triton kernel, or the vendor library
-through `torch._scaled_mm` where it is faster (on the H200: large M) and takes the layout.
+The A8W8 GEMMs have two implementations, picked per shape by a launch table (`gemm_fp8_backend`
+for rowwise / tensorwise scales, `gemm_fp8_block_backend` for 1×128 × 128×128 blockscale;
+FXFUSE_GEMM_BACKEND=triton|vendor overrides both): fxfuse's Triton kernel, or the vendor library
+through `torch._scaled_mm` where it is faster (on the H200: M above 64) and takes the layout.
 Without Triton (CPU, no interpreter) every op runs its torch reference.
 """
 
@@ -25,8 +26,7 @@ import torch
 
 from fxfuse.kernels import gemm_ref
 from fxfuse.kernels.rms_norm_quant_ref import quant_fp8_ref, quant_mxfp4_ref
-from fxfuse.runtime import norm_quant_ops
-from fxfuse.runtime import launch_tables
+from fxfuse.runtime import launch_tables, norm_quant_ops
 from fxfuse.runtime.dispatch import use_triton
 from fxfuse.runtime.target import detect_target, interpreting
 
@@ -78,20 +78,46 @@ def _vendor_rowwise_ok(q, x_scale, w, w_scale, out_dtype) -> bool:
     )
 
 
-def _use_vendor(q, x_scale, w, w_scale, out_dtype) -> bool:
+def _vendor_block_ok(q, x_scale, w, w_scale, out_dtype) -> bool:
+    """torch._scaled_mm's blockwise mode may take this 1×128 × 128×128 GEMM: CUDA (cuBLASLt's
+    blockwise scaling; not tried on ROCm, so ROCm keeps the Triton kernel), e4m3fn row-major q, K-contiguous w, K a multiple of
+    128, fp32 scales, bf16 out, and this device has not already found that torch takes none of
+    the scale layouts `_block_scale_layouts` offers."""
+    k = q.shape[1]
+    return (
+        not torch.version.hip
+        and q.dtype == w.dtype == torch.float8_e4m3fn
+        and out_dtype == torch.bfloat16
+        and q.stride() == (k, 1)
+        and w.stride() == (k, 1)
+        and k % 128 == 0
+        and x_scale.dtype == w_scale.dtype == torch.float32
+        and _VENDOR_BLOCK_LAYOUT.get(q.device.index, _UNTRIED) is not None
+    )
+
+
+def _vendor_kind(q, x_scale, w, w_scale, out_dtype) -> str | None:
+    """The scale kind (gemm_ref.SCALE_*) when the vendor GEMM runs this call, else None."""
     choice = gemm_backend_override()
     if choice == "triton" or q.device.type != "cuda" or interpreting():
-        return False
-    if gemm_ref.check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype) != gemm_ref.SCALE_ROWWISE:
-        return False  # blockscale stays on the Triton kernel
-    if not _vendor_rowwise_ok(q, x_scale, w, w_scale, out_dtype):
-        return False
+        return None
+    kind = gemm_ref.check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype)
+    if kind == gemm_ref.SCALE_ROWWISE:
+        ok, table = _vendor_rowwise_ok(q, x_scale, w, w_scale, out_dtype), "gemm_fp8_backend"
+    else:
+        ok, table = _vendor_block_ok(q, x_scale, w, w_scale, out_dtype), "gemm_fp8_block_backend"
+    if not ok:
+        return None
     if choice == "vendor":
-        return True
+        return kind
     m, k = q.shape
     target = detect_target(q.device)
-    config = launch_tables.lookup("gemm_fp8_backend", target, m=max(m, 1), n=w.shape[0], k=k)
-    return config["BACKEND"] == BACKEND_VENDOR
+    config = launch_tables.lookup(table, target, m=max(m, 1), n=w.shape[0], k=k)
+    return kind if config["BACKEND"] == BACKEND_VENDOR else None
+
+
+def _use_vendor(q, x_scale, w, w_scale, out_dtype) -> bool:
+    return _vendor_kind(q, x_scale, w, w_scale, out_dtype) is not None
 
 
 def _gemm_fp8_vendor(q, x_scale, w, w_scale, out_dtype):
@@ -106,10 +132,48 @@ def _gemm_fp8_vendor(q, x_scale, w, w_scale, out_dtype):
     return torch._scaled_mm(q, w.t(), a_s, b_s, out_dtype=out_dtype)
 
 
+# Which (scale_a, scale_b) layout of `_block_scale_layouts` this torch build's blockwise
+# torch._scaled_mm takes, per CUDA device index; None: none (the Triton kernel runs there).
+_UNTRIED = -1
+_VENDOR_BLOCK_LAYOUT: dict[int | None, int | None] = {}
+
+
+def _block_scale_layouts(x_scale, w_scale):
+    """Candidate (scale_a, scale_b) for q (M, K) @ w.t() (K, N): the 1×128 scales (M, K/128)
+    outer-dim-major (column-major) or row-major, the 128×128 ones (N/128, K/128) transposed to
+    (K/128, N/128) or as stored."""
+    xs_col = x_scale if x_scale.stride(0) == 1 else x_scale.t().contiguous().t()
+    return ((xs_col, w_scale.t()), (xs_col, w_scale), (x_scale.contiguous(), w_scale.t()))
+
+
+def _gemm_fp8_vendor_block(q, x_scale, w, w_scale, out_dtype):
+    """Blockscale A8W8 through torch._scaled_mm. A device's first call finds the scale layout
+    torch takes (eagerly: the fused ops run before any CUDA graph is captured); if torch takes
+    none, that device runs the Triton kernel from then on."""
+    key = q.device.index
+    layouts = _block_scale_layouts(x_scale, w_scale)
+    known = _VENDOR_BLOCK_LAYOUT.get(key, _UNTRIED)
+    if known != _UNTRIED:
+        a_s, b_s = layouts[known]
+        return torch._scaled_mm(q, w.t(), a_s, b_s, out_dtype=out_dtype)
+    for i, (a_s, b_s) in enumerate(layouts):
+        try:
+            out = torch._scaled_mm(q, w.t(), a_s, b_s, out_dtype=out_dtype)
+        except (RuntimeError, ValueError, NotImplementedError):
+            continue
+        _VENDOR_BLOCK_LAYOUT[key] = i
+        return out
+    _VENDOR_BLOCK_LAYOUT[key] = None
+    return _fp8_kernels().gemm_fp8(q, x_scale, w, w_scale, out_dtype)
+
+
 def _gemm_fp8(q, x_scale, w, w_scale, out_dtype):
     if use_triton(q, w):
-        if _use_vendor(q, x_scale, w, w_scale, out_dtype):
+        kind = _vendor_kind(q, x_scale, w, w_scale, out_dtype)
+        if kind == gemm_ref.SCALE_ROWWISE:
             return _gemm_fp8_vendor(q, x_scale, w, w_scale, out_dtype)
+        if kind == gemm_ref.SCALE_BLOCK:
+            return _gemm_fp8_vendor_block(q, x_scale, w, w_scale, out_dtype)
         return _fp8_kernels().gemm_fp8(q, x_scale, w, w_scale, out_dtype)
     return gemm_ref.gemm_fp8_ref(q, x_scale, w, w_scale, out_dtype)
 

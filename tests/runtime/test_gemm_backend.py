@@ -1,5 +1,6 @@
-"""Which implementation runs fxfuse::gemm_fp8: the `gemm_fp8_backend` launch table, the
-FXFUSE_GEMM_BACKEND override, and the vendor path (torch._scaled_mm) held to SPEC §5 on a GPU."""
+"""Which implementation runs fxfuse::gemm_fp8: the `gemm_fp8_backend` (rowwise) and
+`gemm_fp8_block_backend` (blockscale) launch tables, the FXFUSE_GEMM_BACKEND override, and the
+vendor paths (torch._scaled_mm, rowwise and blockwise) held to SPEC §5 on a GPU."""
 
 from __future__ import annotations
 
@@ -21,6 +22,21 @@ def _rowwise(m, n, k, device="cpu", seed=0):
     q, x_scale = quant_fp8_ref(x, 0, FN)
     w, w_scale = quant_fp8_ref(wf, 0, FN)
     return [t.to(device) for t in (q, x_scale, w, w_scale.reshape(-1))]
+
+
+def _blockscale(m, n, k, device="cpu", seed=0):
+    """1×128 activation scales and 128×128 weight scales, as the blockscale GEMM takes them."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    wf = torch.randn(n, k, generator=g)
+    q, x_scale = quant_fp8_ref(x, 128, FN)
+    nb, kb = -(-n // 128), k // 128
+    padded = torch.zeros(nb * 128, k)
+    padded[:n] = wf
+    blocks = padded.reshape(nb, 128, kb, 128)
+    w_scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-10) / torch.finfo(FN).max
+    w = (blocks / w_scale[:, None, :, None]).reshape(nb * 128, k)[:n].to(FN)
+    return [t.to(device) for t in (q, x_scale, w, w_scale.float())]
 
 
 def _rel(out, ref):
@@ -65,6 +81,35 @@ def test_table_sends_large_m_to_the_vendor_on_sm90_only(target, m, backend):
     assert config["BACKEND"] == backend
 
 
+@pytest.mark.parametrize(
+    "target, m, backend",
+    [("sm90", 1, 1), ("sm90", 16, 1), ("sm90", 64, 1), ("sm90", 65, 2), ("sm90", 4096, 2),
+     ("gfx950", 4096, 1), ("gfx942", 4096, 1)],
+)
+def test_block_table_sends_m_above_64_to_the_vendor_on_sm90_only(target, m, backend):
+    config = launch_tables.lookup("gemm_fp8_block_backend", target, m=m, n=7168, k=2048)
+    assert config["BACKEND"] == backend
+
+
+def test_cpu_blockscale_never_goes_to_the_vendor(monkeypatch):
+    monkeypatch.setenv(gemm_ops.GEMM_BACKEND_ENV, "vendor")
+    q, xs, w, ws = _blockscale(4, 256, 256)
+    assert not gemm_ops._use_vendor(q, xs, w, ws, torch.bfloat16)
+    out = torch.ops.fxfuse.gemm_fp8(q, xs, w, ws, torch.bfloat16)
+    ref = gemm_fp8_ref(q, xs, w, ws, torch.float64, torch.float64)
+    assert _rel(out, ref) <= 1e-2
+
+
+def test_vendor_block_shape_rules(monkeypatch):
+    q, xs, w, ws = _blockscale(8, 256, 256)
+    monkeypatch.setattr(gemm_ops, "_VENDOR_BLOCK_LAYOUT", {})
+    assert gemm_ops._vendor_block_ok(q, xs, w, ws, torch.bfloat16) != bool(torch.version.hip)
+    assert not gemm_ops._vendor_block_ok(q, xs, w, ws, torch.float32)  # bf16 out only
+    assert not gemm_ops._vendor_block_ok(q.t().contiguous().t(), xs, w, ws, torch.bfloat16)
+    monkeypatch.setattr(gemm_ops, "_VENDOR_BLOCK_LAYOUT", {q.device.index: None})
+    assert not gemm_ops._vendor_block_ok(q, xs, w, ws, torch.bfloat16)  # torch took no layout
+
+
 def test_vendor_shape_rules():
     q, xs, w, ws = _rowwise(8, 32, 64)
     assert gemm_ops._vendor_rowwise_ok(q, xs, w, ws, torch.bfloat16)
@@ -89,3 +134,23 @@ def test_gpu_every_backend_meets_the_tolerance(monkeypatch, choice, m):
     ref = gemm_fp8_ref(*(t.cpu() for t in (q, xs, w, ws)), torch.float64, torch.float64)
     assert out.dtype == torch.bfloat16 and out.shape == (m, 2112)
     assert _rel(out.cpu(), ref) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or bool(torch.version.hip), reason="needs CUDA")
+@pytest.mark.parametrize("choice", ["triton", "vendor", "auto"])
+@pytest.mark.parametrize("m, n, k", [(16, 2112, 7168), (256, 2112, 7168), (1024, 24576, 1536)])
+def test_gpu_blockscale_every_backend_meets_the_tolerance(monkeypatch, choice, m, n, k):
+    monkeypatch.setenv(gemm_ops.GEMM_BACKEND_ENV, choice)
+    q, xs, w, ws = _blockscale(m, n, k, device="cuda", seed=5)
+    expect_vendor = choice == "vendor" or (choice == "auto" and m > 64)
+    assert gemm_ops._use_vendor(q, xs, w, ws, torch.bfloat16) == expect_vendor
+    out = torch.ops.fxfuse.gemm_fp8(q, xs, w, ws, torch.bfloat16)
+    # This torch build takes one of the layouts (else the vendor path is off for good).
+    assert gemm_ops._VENDOR_BLOCK_LAYOUT.get(q.device.index, 0) is not None
+    ref = gemm_fp8_ref(*(t.cpu() for t in (q, xs, w, ws)), torch.float64, torch.float64)
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    assert _rel(out.cpu(), ref) <= 1e-2
+    col = xs.t().contiguous().t()  # column-major activation scales take the vendor path too
+    again = torch.ops.fxfuse.gemm_fp8(q, col, w, ws, torch.bfloat16)
+    assert _rel(again.cpu(), ref) <= 1e-2
