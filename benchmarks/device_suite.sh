@@ -59,6 +59,8 @@ for s in $STEPS; do
     topk) step topk "${T_TOPK:-70}" python benchmarks/bench_topk.py --budget-s ${TOPK_BUDGET:-55} ${TOPK_ARGS:-} --out "$RES" ;;
     rms_midm) PYTHONPATH=$PWD:$PWD/benchmarks step rms_midm "${T_MIDM:-150}" python benchmarks/experiments/rms_midm_probe.py ;;
     layer_profile) step layer_profile "${T_PROFILE:-150}" python benchmarks/experiments/layer_profile.py ${PROFILE_ARGS:-} ;;
+    oneshot) step oneshot "${T_ONESHOT:-90}" python benchmarks/experiments/oneshot_world1.py --out "$RES" ;;
+    quant_only) step quant_only "${T_QONLY:-120}" python benchmarks/experiments/quant_only.py --out "$RES" ;;
     probe) step probe "${T_PROBE:-150}" python benchmarks/experiments/rms_fp8_probe.py ;;
     rms_table)  # install the sweep's sm90 table before timing with it
       install_sm90 rms_norm_quant "$RES/rms_norm_quant_sweep.json" sm90 ;;
