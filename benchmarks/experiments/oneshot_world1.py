@@ -34,7 +34,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT"))
     args = parser.parse_args()
-    device = torch.device("cuda")
+    device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(device)
     store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
     dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=device)

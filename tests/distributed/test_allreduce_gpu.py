@@ -45,7 +45,7 @@ def bytes_equal(a, b):
         a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 gen = torch.Generator().manual_seed(7)
-device = torch.device("cuda")
+device = torch.device("cuda", 0)
 
 def rand(*shape):
     return torch.randn(*shape, generator=gen).mul(2).to(torch.bfloat16).to(device)
