@@ -47,7 +47,7 @@ for s in $STEPS; do
     gemm_fp8_install)  # the sweep's best configs into the sm90 table, before timing with it
       python benchmarks/install_gemm_sweep.py gemm_fp8 "$RES/gemm_fp8_sweep.json" \
         && cp fxfuse/runtime/tables/gemm_fp8.json "$RES/gemm_fp8_table.json"; echo "=== gemm_fp8_install rc=$?" ;;
-    gemm_mxfp4) step gemm_mxfp4 "${T_MX:-80}" python benchmarks/bench_gemm_mxfp4.py --out "$RES" ;;
+    gemm_mxfp4) step gemm_mxfp4 "${T_MX:-80}" python benchmarks/bench_gemm_mxfp4.py ${MX_ARGS:-} --out "$RES" ;;
     gemm_mxfp4_sweep) step gemm_mxfp4_sweep "${T_MX_SWEEP:-150}" python benchmarks/bench_gemm_mxfp4.py --sweep ${MX_SWEEP_ARGS:-} --out "$RES" ;;
     gemm_mxfp4_install)
       python benchmarks/install_gemm_sweep.py gemm_mxfp4 "$RES/gemm_mxfp4_sweep.json" \
