@@ -110,9 +110,13 @@ def _fp8_bits(v, FNUZ: tl.constexpr, NATIVE: tl.constexpr):
     odd = (abs_bits >> 20) & 1
     normal = (abs_bits + ((BIAS - 127) << 23) + 0x7FFFF + odd) >> 20
     code = tl.where(abs_bits < ((128 - BIAS) << 23), subnormal, normal)
+    # NaN (a NaN row / group, or ±inf / inf-scale quotients) as torch casts it: fnuz has the one
+    # NaN 0x80; e4m3fn's is 0x7F with the sign kept.
+    nan = abs_bits > 0x7F800000
     if FNUZ:
         sign = tl.where(code == 0, 0, sign)  # 0x80 is NaN in fnuz: -0 becomes +0
-    return (sign | code).to(tl.uint8)
+        return tl.where(nan, 0x80, sign | code).to(tl.uint8)
+    return (sign | tl.where(nan, 0x7F, code)).to(tl.uint8)
 
 
 @triton.jit
@@ -142,7 +146,9 @@ def _div_by_scale(y, scale, rcp):
     |quotients| <= ~448 (a quotient that underflows is ±0 in e4m3 either way)."""
     q0 = y * rcp
     q1 = tl.fma(tl.fma(-q0, scale, y), rcp, q0)
-    return tl.where(y == 0.0, y, q1)  # -0 / s is -0; the FMA step would give +0
+    # Where q0 is exact the FMA step would spoil it: -0 / s is -0 (not +0), 0 / 0 is NaN and
+    # y / inf is ±0 or NaN (an inf in the row; the remainder step gives NaN for every y).
+    return tl.where((y == 0.0) | (rcp == 0.0), q0, q1)
 
 
 @triton.jit
@@ -163,7 +169,9 @@ def _fp8_quant(
         y = tl.where(tiny, y * 18446744073709551616.0, y)
         scaled = _div_by_scale(y, scale, tl.math.div_rn(1.0, scale))  # one rcp per row / group
     if not NATIVE:  # the hardware convert saturates to ±FP8_MAX itself (satfinite)
-        scaled = tl.minimum(tl.maximum(scaled, -FP8_MAX), FP8_MAX)
+        # torch's clamp keeps NaN (minnum / maxnum would turn it into ±FP8_MAX).
+        scaled = tl.maximum(scaled, -FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+        scaled = tl.minimum(scaled, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
     return _fp8_bits(scaled, FNUZ, NATIVE)
 
 
