@@ -301,10 +301,11 @@ def make_case(case: str, m: int, n: int, k: int, config: dict | None, check: boo
             else None
         )
     peers["bf16_linear"] = [lambda a=a: F.linear(a[0], a[5]) for a in inputs]
-    if case == "a8w8_rowwise" and config is None:
+    if case in ("a8w8_rowwise", "a8w8_blockscale") and config is None:
         import fxfuse.runtime.gemm_ops  # noqa: F401  (registers torch.ops.fxfuse.gemm_fp8)
 
-        # The op a captured graph calls: the backend table may send it to torch._scaled_mm.
+        # The op a captured graph calls: the backend tables (gemm_fp8_backend,
+        # gemm_fp8_block_backend) may send it to torch._scaled_mm.
         peers["fxfuse_op"] = [
             lambda a=a: torch.ops.fxfuse.gemm_fp8(a[1], a[2], a[3], a[4], torch.bfloat16)
             for a in inputs
