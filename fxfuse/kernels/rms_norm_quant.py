@@ -11,6 +11,9 @@ Math (exactly `rms_norm_quant_ref.rms_norm_quant_ref`; all arithmetic fp32 after
         q = clamp(y / s, ±FP8_MAX)           (apply_reciprocal: y · (1 / s)), nearest even
     MXFP4 (blocks of 32): e8m0 exponent from the fp32 bits of the block amax (formats.py: floor /
     even / ceil), elements y · 2^-e on the e2m1 grid, nearest even, saturating at ±6.
+Quant only (`quant`, HAS_NORM off; behind `fxfuse.quant_fp8` / `quant_mxfp4`): y = fp32(x), the
+same quant code, `quant_fp8_ref` / `quant_mxfp4_ref` exactly (an inf in a row gives that row's NaN
+bytes and inf scale as torch does; a NaN input is not matched: the amax reductions drop NaN).
 
 Layouts: x, residual (M, N) with any strides; weight (N,); h and y (M, N) contiguous.
     FP8: q (M, N) fp8; scale (M, 1) per row or (M, N/G) per group, fp32, row-major or a
@@ -330,6 +333,30 @@ def _load_weight(
 
 
 @triton.jit
+def _load_y(
+    x_ptr, residual_ptr, weight_ptr, h_ptr, row, cols, mask, inv, weight_offset,
+    stride_xm, stride_xn, stride_rm, stride_rn, stride_w, stride_hm,
+    X_DTYPE: tl.constexpr, NORM_DTYPE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    HAS_WEIGHT_OFFSET: tl.constexpr, ROUND_BEFORE_WEIGHT: tl.constexpr,
+    EXACT_CASTS: tl.constexpr, HAS_NORM: tl.constexpr,
+):
+    """A later pass's y tile: h recomputed from x (+ residual), normed with the row's inv
+    (without HAS_NORM, fp32(x) itself)."""
+    h = _load_h(
+        x_ptr, residual_ptr, h_ptr, row, cols, mask,
+        stride_xm, stride_xn, stride_rm, stride_rn, stride_hm,
+        X_DTYPE, HAS_RESIDUAL, False, EXACT_CASTS,
+    )
+    y = h
+    if HAS_NORM:
+        w = _load_weight(
+            weight_ptr, cols, mask, stride_w, weight_offset, HAS_WEIGHT_OFFSET, EXACT_CASTS
+        )
+        y = _normalize(h, w, inv, X_DTYPE, NORM_DTYPE, ROUND_BEFORE_WEIGHT, EXACT_CASTS)
+    return y
+
+
+@triton.jit
 def _store_outputs(
     y, row, chunk, cols, mask, chunk_ok,
     y_ptr, q_ptr, scale_ptr, stride_ym, stride_qm, stride_sm, stride_sg, row_scale, quant_eps,
@@ -390,6 +417,9 @@ def _rms_norm_quant_kernel(
     # meta-parameters
     GROUP: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, TILE_CHUNKS: tl.constexpr,
     NUM_TILES: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr,
+    # quant only (False): y = fp32(x); weight, eps, residual and h unused. Last, with a default,
+    # so that the one-shot all-reduce kernel's calls need not name it.
+    HAS_NORM: tl.constexpr = True,
 ):
     pid = tl.program_id(0)
     num_groups = tl.cdiv(N, GROUP)
@@ -400,9 +430,11 @@ def _rms_norm_quant_kernel(
         chunk, cols, col_mask, chunk_exists = _tile_columns(
             0, N, num_groups, GROUP, CHUNK, VEC, TILE_CHUNKS
         )
-        w = _load_weight(
-            weight_ptr, cols, col_mask, stride_w, weight_offset, HAS_WEIGHT_OFFSET, EXACT_CASTS
-        )
+        if HAS_NORM:
+            w = _load_weight(
+                weight_ptr, cols, col_mask, stride_w, weight_offset, HAS_WEIGHT_OFFSET,
+                EXACT_CASTS,
+            )
         first = pid * ROWS_PER_PROGRAM
         x_next, r_next = _load_inputs(
             x_ptr, residual_ptr, first.to(tl.int64), cols, col_mask & (first < M),
@@ -426,8 +458,10 @@ def _rms_norm_quant_kernel(
                 x_cur, r_cur, h_ptr, row, cols, mask, stride_hm,
                 X_DTYPE, HAS_RESIDUAL, True, EXACT_CASTS,
             )
-            inv = _inv_rms(_tile_sum(h * h), n_f32, eps, CONST_DIV_AS_MUL)
-            y = _normalize(h, w, inv, X_DTYPE, NORM_DTYPE, ROUND_BEFORE_WEIGHT, EXACT_CASTS)
+            y = h
+            if HAS_NORM:
+                inv = _inv_rms(_tile_sum(h * h), n_f32, eps, CONST_DIV_AS_MUL)
+                y = _normalize(h, w, inv, X_DTYPE, NORM_DTYPE, ROUND_BEFORE_WEIGHT, EXACT_CASTS)
             row_scale = 0.0
             if QUANT == QUANT_FP8_ROW:
                 # Per-token scale: the row amax after the norm, from the registers.
@@ -446,16 +480,20 @@ def _rms_norm_quant_kernel(
         else:
             # Wide rows: pass 1 sums squares (and stores h); later passes recompute h, which is
             # bit-identical and needs no barrier between this program's stores and loads.
-            sum_sq = tl.zeros((TILE_CHUNKS, CHUNK // VEC, VEC), tl.float32)
-            for t in range(NUM_TILES):
-                _, cols, mask, _ = _tile_columns(t, N, num_groups, GROUP, CHUNK, VEC, TILE_CHUNKS)
-                h = _load_h(
-                    x_ptr, residual_ptr, h_ptr, row, cols, mask & row_ok,
-                    stride_xm, stride_xn, stride_rm, stride_rn, stride_hm,
-                    X_DTYPE, HAS_RESIDUAL, True, EXACT_CASTS,
-                )
-                sum_sq += h * h
-            inv = _inv_rms(_tile_sum(sum_sq), n_f32, eps, CONST_DIV_AS_MUL)
+            inv = 0.0
+            if HAS_NORM:
+                sum_sq = tl.zeros((TILE_CHUNKS, CHUNK // VEC, VEC), tl.float32)
+                for t in range(NUM_TILES):
+                    _, cols, mask, _ = _tile_columns(
+                        t, N, num_groups, GROUP, CHUNK, VEC, TILE_CHUNKS
+                    )
+                    h = _load_h(
+                        x_ptr, residual_ptr, h_ptr, row, cols, mask & row_ok,
+                        stride_xm, stride_xn, stride_rm, stride_rn, stride_hm,
+                        X_DTYPE, HAS_RESIDUAL, True, EXACT_CASTS,
+                    )
+                    sum_sq += h * h
+                inv = _inv_rms(_tile_sum(sum_sq), n_f32, eps, CONST_DIV_AS_MUL)
             row_scale = 0.0
             if QUANT == QUANT_FP8_ROW:
                 amax = tl.zeros((TILE_CHUNKS, CHUNK // VEC, VEC), tl.float32)
@@ -464,17 +502,11 @@ def _rms_norm_quant_kernel(
                         t, N, num_groups, GROUP, CHUNK, VEC, TILE_CHUNKS
                     )
                     mask = mask & row_ok
-                    h = _load_h(
-                        x_ptr, residual_ptr, h_ptr, row, cols, mask,
-                        stride_xm, stride_xn, stride_rm, stride_rn, stride_hm,
-                        X_DTYPE, HAS_RESIDUAL, False, EXACT_CASTS,
-                    )
-                    w = _load_weight(
-                        weight_ptr, cols, mask, stride_w, weight_offset, HAS_WEIGHT_OFFSET,
-                        EXACT_CASTS,
-                    )
-                    y = _normalize(
-                        h, w, inv, X_DTYPE, NORM_DTYPE, ROUND_BEFORE_WEIGHT, EXACT_CASTS
+                    y = _load_y(
+                        x_ptr, residual_ptr, weight_ptr, h_ptr, row, cols, mask, inv,
+                        weight_offset, stride_xm, stride_xn, stride_rm, stride_rn, stride_w,
+                        stride_hm, X_DTYPE, NORM_DTYPE, HAS_RESIDUAL, HAS_WEIGHT_OFFSET,
+                        ROUND_BEFORE_WEIGHT, EXACT_CASTS, HAS_NORM,
                     )
                     amax = tl.maximum(amax, tl.abs(y))
                 row_scale = _fp8_scale(
@@ -487,16 +519,12 @@ def _rms_norm_quant_kernel(
                     t, N, num_groups, GROUP, CHUNK, VEC, TILE_CHUNKS
                 )
                 mask = mask & row_ok
-                h = _load_h(
-                    x_ptr, residual_ptr, h_ptr, row, cols, mask,
-                    stride_xm, stride_xn, stride_rm, stride_rn, stride_hm,
-                    X_DTYPE, HAS_RESIDUAL, False, EXACT_CASTS,
+                y = _load_y(
+                    x_ptr, residual_ptr, weight_ptr, h_ptr, row, cols, mask, inv,
+                    weight_offset, stride_xm, stride_xn, stride_rm, stride_rn, stride_w,
+                    stride_hm, X_DTYPE, NORM_DTYPE, HAS_RESIDUAL, HAS_WEIGHT_OFFSET,
+                    ROUND_BEFORE_WEIGHT, EXACT_CASTS, HAS_NORM,
                 )
-                w = _load_weight(
-                    weight_ptr, cols, mask, stride_w, weight_offset, HAS_WEIGHT_OFFSET,
-                    EXACT_CASTS,
-                )
-                y = _normalize(h, w, inv, X_DTYPE, NORM_DTYPE, ROUND_BEFORE_WEIGHT, EXACT_CASTS)
                 _store_outputs(
                     y, row, chunk, cols, mask, chunk_exists & row_ok,
                     y_ptr, q_ptr, scale_ptr, stride_ym, stride_qm, stride_sm, stride_sg,
@@ -522,15 +550,17 @@ def _rms_norm_quant_rows_kernel(
     EPS_ON_SCALE: tl.constexpr, APPLY_RECIPROCAL: tl.constexpr, MX_ROUNDING: tl.constexpr,
     EXACT_CASTS: tl.constexpr, CONST_DIV_AS_MUL: tl.constexpr,
     NG: tl.constexpr, G: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr,
+    HAS_NORM: tl.constexpr = True,  # as in _rms_norm_quant_kernel
 ):
     pid = tl.program_id(0)
     groups = tl.arange(0, NG)
     cols = groups[:, None] * G + tl.arange(0, G)[None, :]
     col_mask = cols < N
     group_ok = groups * G < N
-    w = _load_weight(
-        weight_ptr, cols, col_mask, stride_w, weight_offset, HAS_WEIGHT_OFFSET, EXACT_CASTS
-    )
+    if HAS_NORM:
+        w = _load_weight(
+            weight_ptr, cols, col_mask, stride_w, weight_offset, HAS_WEIGHT_OFFSET, EXACT_CASTS
+        )
     n_f32 = tl.cast(N, tl.float32)
     for i in tl.static_range(ROWS_PER_PROGRAM):
         row_i32 = pid * ROWS_PER_PROGRAM + i
@@ -544,8 +574,10 @@ def _rms_norm_quant_rows_kernel(
         h = _residual_sum(
             x, r, h_ptr, row, cols, mask, stride_hm, X_DTYPE, HAS_RESIDUAL, True, EXACT_CASTS
         )
-        inv = _inv_rms(tl.sum(tl.sum(h * h, axis=1), axis=0), n_f32, eps, CONST_DIV_AS_MUL)
-        y = _normalize(h, w, inv, X_DTYPE, NORM_DTYPE, ROUND_BEFORE_WEIGHT, EXACT_CASTS)
+        y = h
+        if HAS_NORM:
+            inv = _inv_rms(tl.sum(tl.sum(h * h, axis=1), axis=0), n_f32, eps, CONST_DIV_AS_MUL)
+            y = _normalize(h, w, inv, X_DTYPE, NORM_DTYPE, ROUND_BEFORE_WEIGHT, EXACT_CASTS)
         if WRITE_NORM:
             _store_as(y_ptr + row * stride_ym + cols, y, mask, EXACT_CASTS)
         if QUANT == QUANT_FP8_ROW:
@@ -593,13 +625,17 @@ ROW_CHUNK = 128
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
-def _check_inputs(x, weight, residual, norm_dtype):
+def _check_rows(x):
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x: expected a 2-D (M, N) tensor, got {getattr(x, 'shape', type(x))}")
     if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"x: dtype must be one of {FLOAT_DTYPES}, got {x.dtype}")
     if x.device.type == "cpu" and not interpreting():
         raise ValueError("x: a CPU tensor needs Triton's interpreter (TRITON_INTERPRET=1)")
+
+
+def _check_inputs(x, weight, residual, norm_dtype):
+    _check_rows(x)
     n = x.shape[1]
     if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (n,):
         raise ValueError(
@@ -688,7 +724,9 @@ def _launch(
     m, n = x.shape
     cfg = _launch_config(target, x.device, m, n, config)
     rows = cfg["ROWS_PER_PROGRAM"]
-    # Unused pointers get x: the kernel's constexpr switches never touch them.
+    # Unused pointers get x: the kernel's constexpr switches never touch them. No weight: quant
+    # only (HAS_NORM off).
+    weight_t = x if weight is None else weight
     residual_t = x if residual is None else residual
     y_t = x if y is None else y
     q_t = x if q is None else q.view(torch.uint8)
@@ -712,7 +750,7 @@ def _launch(
     kernel[(triton.cdiv(m, rows),)](
         x,
         residual_t,
-        weight,
+        weight_t,
         h,
         y_t,
         q_t,
@@ -726,7 +764,7 @@ def _launch(
         x.stride(1),
         residual_t.stride(0),
         residual_t.stride(1),
-        weight.stride(0),
+        weight_t.stride(0),
         h.stride(0),
         y_t.stride(0),
         q_t.stride(0),
@@ -749,6 +787,7 @@ def _launch(
         CONST_DIV_AS_MUL=x.device.type != "cpu",
         **tiling,
         ROWS_PER_PROGRAM=rows,
+        HAS_NORM=weight is not None,
         num_warps=cfg["num_warps"],
     )
 
@@ -780,6 +819,43 @@ def rms_norm_quant(
     y the normed output in norm_dtype (default x.dtype) when write_norm, else None.
     """
     _check_inputs(x, weight, residual, norm_dtype)
+    quant_kind, group, chunk, q, scale = _quant_outputs(
+        x, quant, group_size, fp8_dtype, scale_col_major, rounding
+    )
+    m, n = x.shape
+    norm_dtype = norm_dtype or x.dtype
+    h = x if residual is None else torch.empty((m, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((m, n), dtype=norm_dtype, device=x.device) if write_norm else None
+    if m:
+        _launch(
+            x,
+            weight,
+            eps,
+            residual,
+            h,
+            y,
+            q,
+            scale,
+            weight_offset=weight_offset,
+            round_before_weight=round_before_weight,
+            norm_dtype=norm_dtype,
+            quant_kind=quant_kind,
+            group=group,
+            chunk=chunk,
+            fp8_dtype=fp8_dtype,
+            quant_eps=quant_eps,
+            eps_on_scale=eps_on_scale,
+            apply_reciprocal=apply_reciprocal,
+            rounding=rounding,
+            config=config,
+            target=target,
+        )
+    return q, scale, h, y
+
+
+def _quant_outputs(x, quant, group_size, fp8_dtype, scale_col_major, rounding):
+    """Validate the quant arguments; returns (quant kind, group, chunk, q, scale), q and scale
+    allocated for (M, N) rows x."""
     if quant not in QUANT_KINDS:
         raise ValueError(f"quant: expected one of {QUANT_KINDS}, got {quant!r}")
     formats.check_rounding(rounding)
@@ -810,22 +886,46 @@ def rms_norm_quant(
             scale = torch.empty((num_scales, m), dtype=torch.float32, device=x.device).t()
         else:
             scale = torch.empty((m, num_scales), dtype=torch.float32, device=x.device)
-    norm_dtype = norm_dtype or x.dtype
-    h = x if residual is None else torch.empty((m, n), dtype=x.dtype, device=x.device)
-    y = torch.empty((m, n), dtype=norm_dtype, device=x.device) if write_norm else None
-    if m:
+    return quant_kind, group, chunk, q, scale
+
+
+def quant(
+    x: torch.Tensor,
+    *,
+    quant: str = "fp8",
+    group_size: int = 0,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    quant_eps: float = 1e-10,
+    eps_on_scale: bool = False,
+    apply_reciprocal: bool = False,
+    scale_col_major: bool = False,
+    rounding: str = "even",
+    config: dict | None = None,
+    target: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 / MXFP4 quant of (M, N) rows alone, the fused kernel without its norm: returns
+    (q, scale), `quant_fp8_ref` / `quant_mxfp4_ref` of x exactly (quant_eps is their eps)."""
+    _check_rows(x)
+    if x.shape[1] == 0:
+        raise ValueError("x: the last dim is empty")
+    quant_kind, group, chunk, q, scale = _quant_outputs(
+        x, quant, group_size, fp8_dtype, scale_col_major, rounding
+    )
+    if x.shape[0]:
+        # The norm-quant launch table: quant-only rows move less (no weight, no h) and are
+        # untimed there.
         _launch(
             x,
-            weight,
-            eps,
-            residual,
-            h,
-            y,
+            None,
+            0.0,
+            None,
+            x,
+            None,
             q,
             scale,
-            weight_offset=weight_offset,
-            round_before_weight=round_before_weight,
-            norm_dtype=norm_dtype,
+            weight_offset=0.0,
+            round_before_weight=True,
+            norm_dtype=x.dtype,
             quant_kind=quant_kind,
             group=group,
             chunk=chunk,
@@ -837,7 +937,7 @@ def rms_norm_quant(
             config=config,
             target=target,
         )
-    return q, scale, h, y
+    return q, scale
 
 
 def rms_norm(
