@@ -2,7 +2,8 @@
 
 The canonical ops (`rms_norm`, `add_rms_norm`, `quant_fp8`, `quant_mxfp4`) are what every
 recognised spelling becomes; they record what the graph spelled (rounding points, eps, divide or
-multiply) so the fused kernels give the spelled bytes. The fused ops (`rms_norm_quant`,
+multiply) so the fused kernels give the spelled bytes. The quants run the norm-quant kernel's
+quant-only mode where Triton runs, with their references' bytes. The fused ops (`rms_norm_quant`,
 `add_rms_norm_quant`) replace a canonical norm followed by a canonical quant. Each op has an
 explicit fake and takes any leading dims: kernels see (rows, N).
 """
@@ -114,6 +115,26 @@ def _(x, residual, weight, eps, weight_offset=0.0, round_before_weight=True, out
 # --- quant --------------------------------------------------------------------------------------
 
 
+# The dtypes the kernels read (rms_norm_quant.FLOAT_DTYPES, not imported here: that loads triton).
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _quant_kernel_applies(x: torch.Tensor) -> bool:
+    """Whether the quant-only kernel runs (else the reference): Triton active, a float dtype the
+    kernel reads, a non-empty last dim (the reference's own errors stay its own)."""
+    return x.dtype in _KERNEL_DTYPES and x.shape[-1] > 0 and use_triton(x)
+
+
+def _quant_rows(x: torch.Tensor, scale_col_major: bool, **quant_args):
+    """The quant-only kernel over x's rows: (q, scale) reshaped back to x's leading dims. A
+    column-major scale buffer only for 2-D x, as the op returns it (contiguous otherwise)."""
+    q, scale = _kernels().quant(
+        _rows(x), scale_col_major=scale_col_major and x.dim() == 2, **quant_args
+    )
+    lead = x.shape[:-1]
+    return q.reshape(*lead, q.shape[-1]), scale.reshape(*lead, scale.shape[-1])
+
+
 def _check_fp8_args(x: torch.Tensor, group_size: int, fp8_dtype: torch.dtype):
     formats.fp8_max(fp8_dtype)
     if group_size < 0 or (group_size and x.shape[-1] % group_size):
@@ -148,6 +169,17 @@ def quant_fp8(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Canonical dynamic FP8 quant (per token, or per 1×group_size group) of the last dim."""
     _check_fp8_args(x, group_size, fp8_dtype)
+    if _quant_kernel_applies(x):
+        return _quant_rows(
+            x,
+            scale_col_major,
+            quant="fp8",
+            group_size=group_size,
+            fp8_dtype=fp8_dtype,
+            quant_eps=eps,
+            eps_on_scale=eps_on_scale,
+            apply_reciprocal=apply_reciprocal,
+        )
     q, scale = ref.quant_fp8_ref(
         x, group_size, fp8_dtype, eps, eps_on_scale, apply_reciprocal, scale_col_major
     )
@@ -172,6 +204,8 @@ def _check_mxfp4_args(x: torch.Tensor, rounding: str):
 def quant_mxfp4(x: torch.Tensor, rounding: str = "even") -> tuple[torch.Tensor, torch.Tensor]:
     """Canonical MXFP4 quant: (q uint8 (..., K/2), e8m0 scale uint8 (..., K/32))."""
     _check_mxfp4_args(x, rounding)
+    if _quant_kernel_applies(x):
+        return _quant_rows(x, False, quant="mxfp4", rounding=rounding)
     return ref.quant_mxfp4_ref(x, rounding)
 
 

@@ -1,5 +1,6 @@
-"""The quant-only mode of the norm-quant kernel (`rms_norm_quant.quant`, HAS_NORM off) against the
-torch references (SPEC §5: q bytes and scale bytes equal, bit for bit, on every row).
+"""The quant-only mode of the norm-quant kernel (`rms_norm_quant.quant`, HAS_NORM off) and the
+canonical quant ops it backs (`fxfuse.quant_fp8`, `fxfuse.quant_mxfp4`), against the torch
+references (SPEC §5: q bytes and scale bytes equal, bit for bit, on every row).
 
 Without a norm there is no sum-order effect: every case must equal `quant_fp8_ref` /
 `quant_mxfp4_ref` of the same x exactly, adversarial rows included (zeros, -0.0, a huge value,
@@ -9,9 +10,13 @@ amax reductions drop NaN; torch's propagate it).
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
+import fxfuse.runtime.norm_quant_ops  # noqa: F401  (registers torch.ops.fxfuse.*)
+from fxfuse.kernels import rms_norm_quant as kernels
 from fxfuse.kernels.rms_norm_quant import quant
 from fxfuse.kernels.rms_norm_quant_ref import quant_fp8_ref, quant_mxfp4_ref
 from fxfuse.runtime.target import interpreting
@@ -233,6 +238,81 @@ def test_bad_inputs_name_the_argument(x, kwargs, name):
         quant(x, **kwargs)
 
 
+# --- the canonical ops --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts the op's calls into the quant-only kernel launcher."""
+    calls = []
+    real = kernels.quant
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "quant", spy)
+    return calls
+
+
+def _op_reference(x, op, args):
+    if op == "quant_mxfp4":
+        return quant_mxfp4_ref(x, *args)
+    q, scale = quant_fp8_ref(x, *args)
+    col_major = len(args) > 5 and args[5]
+    return q, scale if col_major and x.dim() == 2 else scale.contiguous()
+
+
+OP_CASES = [
+    pytest.param("quant_fp8", (), id="fp8-row"),
+    pytest.param("quant_fp8", (128,), id="fp8-g128"),
+    pytest.param("quant_fp8", (128, FN, 1e-10, False, False, True), id="fp8-g128-col"),
+    pytest.param("quant_fp8", (0, FNUZ, 1e-12, True, True), id="fp8-fnuz-spelled"),
+    pytest.param("quant_mxfp4", ("even",), id="mxfp4-even"),
+    pytest.param("quant_mxfp4", ("ceil",), id="mxfp4-ceil"),
+]
+
+
+@pytest.mark.parametrize("op, args", OP_CASES)
+@pytest.mark.parametrize(
+    "shape, make",
+    [
+        ((5, 256), lambda x: x),
+        ((2, 3, 256), lambda x: x),  # leading dims
+        ((3, 2, 256), lambda x: x.transpose(0, 1)),  # non-contiguous: reshaped (a copy) to rows
+        ((4, 512), lambda x: x[:, ::2]),  # element stride 2, as the kernel reads it
+        ((0, 3, 256), lambda x: x),  # no rows
+    ],
+    ids=["2d", "3d", "3d-transposed", "strided", "empty"],
+)
+def test_op_runs_the_kernel_and_matches(op, args, shape, make, kernel_calls):
+    x = make(_inputs(math.prod(shape[:-1]), shape[-1], seed=12).reshape(shape))
+    q, scale = getattr(torch.ops.fxfuse, op)(x, *args)
+    ref_q, ref_scale = _op_reference(x, op, args)
+    assert len(kernel_calls) == 1
+    assert bytes_equal(q, ref_q) and _scales_equal(scale, ref_scale)
+    assert _layout(scale) == _layout(ref_scale) or scale.numel() == 0
+
+
+def test_op_keeps_the_reference_where_the_kernel_does_not_run(kernel_calls, monkeypatch):
+    x = _inputs(4, 256, torch.float32, seed=13)
+    q, _ = torch.ops.fxfuse.quant_fp8(x.double(), 128)  # a dtype the kernel does not read
+    assert bytes_equal(q, quant_fp8_ref(x.double(), 128)[0]) and not kernel_calls
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # CPU without the interpreter
+    q, _ = torch.ops.fxfuse.quant_mxfp4(x)
+    assert bytes_equal(q, quant_mxfp4_ref(x)[0]) and not kernel_calls
+    with pytest.raises(ValueError, match="group_size"):
+        torch.ops.fxfuse.quant_fp8(x, 96)
+
+
+@pytest.mark.parametrize("op, args", OP_CASES)
+def test_ops_pass_opcheck_through_the_kernel(op, args, kernel_calls):
+    x = _inputs(4, 256, seed=14)
+    torch.library.opcheck(getattr(torch.ops.fxfuse, op).default, (x, *args))
+    torch.library.opcheck(getattr(torch.ops.fxfuse, op).default, (x.reshape(2, 2, 256), *args))
+    assert kernel_calls
+
+
 # --- GPU ----------------------------------------------------------------------------------------
 
 needs_compiled_gpu = pytest.mark.skipif(
@@ -259,3 +339,9 @@ def test_gpu_matches_cuda_reference(m, k, quant_kw):
         ref_q, ref_scale = _reference(rows, **quant_kw)
         assert bytes_equal(q, ref_q), quant_kw
         assert _scales_equal(scale, ref_scale), quant_kw
+    # Through the op as gemm_ops' quant_gemm calls it.
+    if quant_kw["quant"] == "fp8" and "fp8_dtype" not in quant_kw:
+        group_size = quant_kw.get("group_size", 0)
+        q, scale = torch.ops.fxfuse.quant_fp8(x, group_size)
+        ref_q, ref_scale = quant_fp8_ref(x, group_size)
+        assert bytes_equal(q, ref_q) and _scales_equal(scale, ref_scale)
