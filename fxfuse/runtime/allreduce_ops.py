@@ -1,5 +1,6 @@
-"""torch.library custom ops for all-reduce → [residual add →] RMSNorm [→ quant]
-(`torch.ops.fxfuse.allreduce_rms_norm` / `allreduce_rms_norm_quant`).
+"""torch.library custom ops for all-reduce → [residual add →] RMSNorm [→ quant [→ GEMM]]
+(`torch.ops.fxfuse.allreduce_rms_norm` / `allreduce_rms_norm_quant` /
+`allreduce_rms_norm_quant_gemm`).
 
 The group travels by name, as in torch's functional collectives; each call picks its path at run
 time from what every rank of the group shares (so all ranks take the same one):
@@ -11,8 +12,10 @@ time from what every rank of the group shares (so all ranks take the same one):
   (kernels/allreduce_oneshot.py);
 - collective: the functional all-reduce through the group's backend (NCCL / RCCL / gloo), then
   the fused norm(-quant) op: exactly the unfused graph's bytes.
-The ops return h (the reduced value, + residual) and, with a quant, q and scale, so a GEMM that
-consumes q stays its own node. Explicit fakes; any leading dims.
+The ops return h (the reduced value, + residual) and, with a quant, q and scale; with the GEMM,
+its output. The GEMM op adds the token-count dispatch of the GEMM chain (runtime/gemm_ops.py):
+M > prologue_quant_max_m: all-reduce + norm + quant, then the A8W8 / AFP4WFP4 GEMM; M <= it:
+all-reduce + norm, then the prequant GEMM (A16W8 / A16WFP4). Explicit fakes; any leading dims.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 
 from fxfuse.runtime import (
     collective_ops,
+    gemm_ops,
     norm_quant_ops,  # noqa: F401 - registers the fused norm(-quant) ops
 )
 from fxfuse.runtime.dispatch import use_triton
@@ -100,8 +104,8 @@ QUANT_ARG_NAMES = (
 
 def run(x, residual, weight, group_name, eps, norm_args, quant_args=None):
     """The fused ops' body: (y, h) when quant_args is None, else (q, scale, h). norm_args and
-    quant_args are the ops' arguments after eps, in order. A fused op that appends a GEMM can
-    call this with or without quant_args (by token count) and keep the same dispatch."""
+    quant_args are the ops' arguments after eps, in order. `allreduce_rms_norm_quant_gemm` calls
+    it with or without quant_args (by token count); the path depends on x alone either way."""
     path = _path(x, group_name)
     if path == "one_shot":
         return _one_shot(x, residual, weight, group_name, eps, norm_args, quant_args)
@@ -203,3 +207,55 @@ def _(x, residual, weight, group_name, eps, *args):
         return fxfuse.add_rms_norm_quant(x, residual, weight, eps, *args)
     q, scale = fxfuse.rms_norm_quant(x, weight, eps, *args)
     return q, scale, torch.empty_like(x)
+
+
+# --- all-reduce → [residual add →] RMSNorm → quant → GEMM ---------------------------------------
+
+
+@torch.library.custom_op("fxfuse::allreduce_rms_norm_quant_gemm", mutates_args=())
+def allreduce_rms_norm_quant_gemm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    group_name: str | None,
+    eps: float,
+    weight_offset: float,
+    round_before_weight: bool,
+    norm_dtype: torch.dtype | None,
+    reciprocal_sqrt: bool,
+    quant: str,
+    group_size: int,
+    fp8_dtype: torch.dtype,
+    quant_eps: float,
+    eps_on_scale: bool,
+    apply_reciprocal: bool,
+    scale_col_major: bool,
+    rounding: str,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    prologue_quant_max_m: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = all_reduce_sum(x) (+ residual); returns (GEMM of quant(rms_norm(h)), h), out (M, N)
+    for x (..., K). Above prologue_quant_max_m rows the norm kernel quantizes, then the quantized
+    GEMM; at or below, the norm alone, then the prequant GEMM: the same quantized bytes. Every
+    rank of the group has the same M, so all ranks take the same side (and the same path)."""
+    norm_args = (weight_offset, round_before_weight, norm_dtype, reciprocal_sqrt)
+    quant_args = (quant, group_size, fp8_dtype, quant_eps, eps_on_scale, apply_reciprocal,
+                  scale_col_major, rounding)  # fmt: skip
+    quant_dict = dict(zip(QUANT_ARG_NAMES, quant_args))
+    gemm_ops._check_dispatch_args(x, w, quant_dict, prologue_quant_max_m)
+    if gemm_ops._rows(x) > prologue_quant_max_m:
+        q, scale, h = run(x, residual, weight, group_name, eps, norm_args, quant_args)
+        q, scale = q.reshape(-1, q.shape[-1]), scale.reshape(-1, scale.shape[-1])
+        return gemm_ops._quantized_gemm(q, scale, w, w_scale, out_dtype, quant_dict), h
+    y, h = run(x, residual, weight, group_name, eps, norm_args)
+    y = y.reshape(-1, y.shape[-1])
+    return gemm_ops._prequant_gemm(y, w, w_scale, out_dtype, quant_dict), h
+
+
+@allreduce_rms_norm_quant_gemm.register_fake
+def _(x, residual, weight, group_name, eps, *args):
+    *norm_quant, w, _w_scale, out_dtype, max_m = args
+    quant_dict = dict(zip(QUANT_ARG_NAMES, norm_quant[4:]))
+    return gemm_ops._gemm_fake(x, w, quant_dict, out_dtype, max_m), torch.empty_like(x)

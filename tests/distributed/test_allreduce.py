@@ -27,6 +27,7 @@ from torch import nn
 from torch.distributed import _functional_collectives as funcol
 
 import fxfuse
+from fxfuse.models.quant_linear import QuantLinear
 from fxfuse.runtime import allreduce_ops
 from tests.helpers import bytes_equal, fused_targets, outputs_bytes_equal
 from tests.patterns.test_rms_norm_quant import (
@@ -41,6 +42,7 @@ N = 256
 NAME = "allreduce_rmsnorm"
 FUSED_QUANT = "fxfuse.allreduce_rms_norm_quant.default"
 FUSED_NORM = "fxfuse.allreduce_rms_norm.default"
+GEMM_N = 128  # the GEMM's output features (K = N)
 SESSION_TIMEOUT_S = 180  # a hang guard: the session takes ~25 s on two idle cores
 
 # --- model pieces (built inside each rank) ------------------------------------------------------
@@ -223,6 +225,9 @@ def case_torch_compile(rank, world):
     }
 
 
+OPCHECK_NO_SCHEMA = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
 def case_opcheck(rank, world):
     os.environ["TRITON_INTERPRET"] = "0"
     x, r = _inputs(rank, 4)
@@ -235,6 +240,23 @@ def case_opcheck(rank, world):
         torch.ops.fxfuse.allreduce_rms_norm_quant.default,
         (x, None, w, group, 1e-6, *norm, *quant),
     )
+    # The GEMM chain on both sides of the dispatch (4 rows; prologue_quant_max_m 32, then 0).
+    # FP8 skips test_schema: it compares the inputs with allclose, which CPU FP8 lacks.
+    fp8, mx = (QuantLinear(torch.randn(GEMM_N, N) / N**0.5, k) for k in ("fp8_rowwise", "mxfp4"))
+    per_token = ("fp8", 0, torch.float8_e4m3fn, 1e-10, False, False, False, "even")
+    mxfp4_even = ("mxfp4", 0, torch.float8_e4m3fn, 0.0, False, False, False, "even")
+    checks = [
+        ((x, r), per_token, (fp8.weight, fp8.weight_scale.reshape(-1, 1)), OPCHECK_NO_SCHEMA),
+        ((x, None), mxfp4_even, (mx.weight, mx.weight_scale), None),
+    ]
+    for (x_in, residual), quant_args, gemm_weights, test_utils in checks:
+        for max_m in (32, 0):
+            args = (x_in, residual, w, group, 1e-6, *norm, *quant_args, *gemm_weights,
+                    torch.bfloat16, max_m)  # fmt: skip
+            kwargs = {} if test_utils is None else {"test_utils": test_utils}
+            torch.library.opcheck(
+                torch.ops.fxfuse.allreduce_rms_norm_quant_gemm.default, args, **kwargs
+            )
     # The collective path's h is the all-reduce itself.
     _, _, h = torch.ops.fxfuse.allreduce_rms_norm_quant(x, None, w, group, 1e-6, *norm, *quant)
     return {"h": h.contiguous().view(torch.uint8).numpy().tobytes()}
@@ -432,6 +454,27 @@ def test_without_a_group_the_ops_are_the_local_fused_norm(quant, with_residual, 
     y, h = torch.ops.fxfuse.allreduce_rms_norm(x, r, w, None, 1e-6, *norm)
     want = fxfuse.ops.rms_norm(x, w, 1e-6, residual=r)
     assert outputs_bytes_equal((y, h), want if r is not None else (want, x))
+
+
+@pytest.mark.parametrize("quant", ["fp8", "mxfp4"])
+@pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])
+def test_without_a_group_the_gemm_op_is_the_norm_quant_gemm(quant, with_residual, reference_path):
+    kind = "mxfp4" if quant == "mxfp4" else "fp8_rowwise"
+    proj = QuantLinear(torch.randn(GEMM_N, N) / N**0.5, kind)
+    w_scale = proj.weight_scale if kind == "mxfp4" else proj.weight_scale.reshape(-1, 1)
+    gemm = (proj.weight, w_scale, torch.bfloat16, 32)
+    w = torch.randn(N, dtype=torch.bfloat16)
+    norm, quant_args = _norm_quant_args(quant)
+    ops = torch.ops.fxfuse
+    for m in (4, 33):  # both sides of prologue_quant_max_m
+        x, r = _inputs(0, m)
+        r = r if with_residual else None
+        got = ops.allreduce_rms_norm_quant_gemm(x, r, w, None, 1e-6, *norm, *quant_args, *gemm)
+        if r is None:
+            want = (ops.rms_norm_quant_gemm(x, w, 1e-6, *norm, *quant_args, *gemm), x)
+        else:
+            want = ops.add_rms_norm_quant_gemm(x, r, w, 1e-6, *norm, *quant_args, *gemm)
+        assert outputs_bytes_equal(got, want), m
 
 
 def test_ops_pass_opcheck_without_a_group(reference_path):
