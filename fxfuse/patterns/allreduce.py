@@ -1,21 +1,26 @@
 """Pattern `allreduce_rmsnorm`: all-reduce (sum) → [residual add →] canonical RMSNorm [→ canonical
-quant] → one `fxfuse.allreduce_rms_norm_quant` / `allreduce_rms_norm` op, which picks the one-shot
-kernel or the collective + fused norm-quant kernel at run time (runtime/allreduce_ops.py).
+quant [→ canonical GEMM]] → one `fxfuse.allreduce_rms_norm_quant_gemm` /
+`allreduce_rms_norm_quant` / `allreduce_rms_norm` op, which picks the one-shot kernel or the
+collective + fused norm-quant kernel at run time, and with the GEMM the token-count dispatch of
+the `rmsnorm_quant_gemm` chain (runtime/allreduce_ops.py).
 
 All-reduce spellings, as torch.export and torch.compile trace them:
 - functional: `wait_tensor(_c10d_functional.all_reduce(x, "sum", group_name))`
   (`funcol.all_reduce`, `fxfuse.ops.all_reduce`);
 - in place:   the same, then `copy_(x, reduced)` (`torch.distributed.all_reduce(x)`).
 The reduced value must feed only the norm; the residual sum stays an output. These rules run before
-`rmsnorm_quant` so they take the whole chain; a GEMM that consumes q stays its own node.
+`rmsnorm_quant` so they take the whole chain, the GEMM included when q and scale feed only it (the
+guards of `rmsnorm_quant_gemm`); otherwise the chain ends at the quant and the GEMM stays.
 """
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import fx
 
-from fxfuse.patterns import rms_norm_quant
+from fxfuse.patterns import gemm, rms_norm_quant
 from fxfuse.patterns.matcher import Alt, Any, Getitem, Lit, Match, Op
 from fxfuse.patterns.quant import VIEWS, canonical_fp8, canonical_mxfp4
 from fxfuse.patterns.rule import Inserter, Rule, val
@@ -37,7 +42,8 @@ _waited = Op(
 # Bound as "x", the norm input, as rms_norm_quant's guard names it.
 reduced = Alt(Op(aten.copy_.default, Any("local"), _waited, name="inplace_copy"), _waited, name="x")
 
-_norm_args = (Any("w"), Lit("eps"), Lit("weight_offset"), Lit("round_before_weight"),
+# The norm weight is "norm_w": "w" is the GEMM's weight, as gemm's chain guard reads it.
+_norm_args = (Any("norm_w"), Lit("eps"), Lit("weight_offset"), Lit("round_before_weight"),
               Lit("norm_dtype"), Lit("reciprocal_sqrt"))  # fmt: skip
 plain_norm = Op(fxfuse.rms_norm.default, reduced, *_norm_args, name="norm")
 # x + residual adds the same bytes either way round.
@@ -55,6 +61,11 @@ def _quant_of_norm(quant: Op) -> Op:
 
 QUANT_PATTERN = Alt(_quant_of_norm(canonical_fp8), _quant_of_norm(canonical_mxfp4))
 NORM_PATTERN = Alt(plain_norm, residual_norm)
+# GEMM(q, scale, w, w_scale, out_dtype) of the quant's outputs, each possibly viewed.
+GEMM_PATTERN = gemm._gemm_of(
+    gemm._viewed(Getitem(QUANT_PATTERN, 0), "q_view"),
+    gemm._viewed(Getitem(QUANT_PATTERN, 1), "s_view"),
+)
 
 
 # --- guards -------------------------------------------------------------------------------------
@@ -90,6 +101,10 @@ def _quant_guard(m: Match, ctx) -> str | None:
     return _collective_guard(m, ctx) or rms_norm_quant.guard(m, ctx)
 
 
+def _gemm_guard(m: Match, ctx) -> str | None:
+    return _quant_guard(m, ctx) or gemm._chain_guard(m, ctx)
+
+
 # --- replacements -------------------------------------------------------------------------------
 
 
@@ -100,7 +115,7 @@ def _norm_args_of(m: Match) -> tuple:
 
 def _quant_args_of(m: Match) -> tuple:
     # As rms_norm_quant's replacement records them.
-    if m.root.target is fxfuse.quant_fp8.default:
+    if m["quant"].target is fxfuse.quant_fp8.default:
         return ("fp8", m["group_size"], m["fp8_dtype"], m["quant_eps"], m["eps_on_scale"],
                 m["apply_reciprocal"], m["scale_col_major"], "even")  # fmt: skip
     return ("mxfp4", 0, torch.float8_e4m3fn, 0.0, False, False, False, m["rounding"])
@@ -110,7 +125,7 @@ def _replace_quant(m: Match, ctx, insert: Inserter):
     residual = m.get("residual")
     fused = insert.call(
         fxfuse.allreduce_rms_norm_quant.default,
-        (m["local"], residual, m["w"], m["group_name"], *_norm_args_of(m), *_quant_args_of(m)),
+        (m["local"], residual, m["norm_w"], m["group_name"], *_norm_args_of(m), *_quant_args_of(m)),
     )
     q, scale, h = insert.outputs(fused, 3)
     if m.get("rows_view") is not None:
@@ -125,10 +140,23 @@ def _replace_norm(m: Match, ctx, insert: Inserter):
     residual = m.get("residual")
     fused = insert.call(
         fxfuse.allreduce_rms_norm.default,
-        (m["local"], residual, m["w"], m["group_name"], *_norm_args_of(m)),
+        (m["local"], residual, m["norm_w"], m["group_name"], *_norm_args_of(m)),
     )
     y, h = insert.outputs(fused, 2)
     return [y] if residual is None else [[y, h]]
+
+
+def _replace_gemm(m: Match, ctx, insert: Inserter):
+    residual = m.get("residual")
+    fused = insert.call(
+        fxfuse.allreduce_rms_norm_quant_gemm.default,
+        (m["local"], residual, m["norm_w"], m["group_name"], *_norm_args_of(m), *_quant_args_of(m),
+         *gemm._dispatch_args(m, ctx)),
+    )  # fmt: skip
+    out = insert.call(operator.getitem, (fused, 0))
+    if residual is None:
+        return [out]
+    return [out, [None, insert.call(operator.getitem, (fused, 1))]]
 
 
 def _quant_outputs(m: Match) -> list[fx.Node]:
@@ -141,6 +169,10 @@ def _side_effects(m: Match) -> list[fx.Node]:
 
 
 RULES = [
+    # all-reduce → [residual add →] norm → quant → GEMM -> allreduce_rms_norm_quant_gemm
+    # (matched down to the all-reduce, not from the next rule's op: one chain, one rewrite)
+    Rule(name=NAME, pattern=GEMM_PATTERN, outputs=_quant_outputs, guard=_gemm_guard,
+         replace=_replace_gemm, mutations=_side_effects),
     # all-reduce → [residual add →] norm → quant -> allreduce_rms_norm_quant
     Rule(name=NAME, pattern=QUANT_PATTERN, outputs=_quant_outputs, guard=_quant_guard,
          replace=_replace_quant, mutations=_side_effects),

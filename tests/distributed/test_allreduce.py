@@ -1,9 +1,11 @@
 """Pattern `allreduce_rmsnorm` on CPU with gloo: one spawned session of 4 ranks runs the cases (on
 the world, then on a pair of ranks) and the tests below check them: every spelling fires on every
-rank and gives the unfused bytes, on every rank the same; near-misses don't fire. In-process: the fused ops without
-a group, the run-time path choice, and the one-shot kernel simulated under Triton's interpreter
-(every rank's buffer and signal pad a CPU tensor; the ranks run one after another, each finding its
-peers' flags already raised) plus a compile-only check of it for sm90 / gfx942 / gfx950."""
+rank and gives the unfused bytes, on every rank the same, the chain into a GEMM too (one graph with
+a dynamic token count, run on both sides of prologue_quant_max_m); near-misses don't fire.
+In-process: the fused ops without a group, the run-time path choice, and the one-shot kernel
+simulated under Triton's interpreter (every rank's buffer and signal pad a CPU tensor; the ranks
+run one after another, each finding its peers' flags already raised) plus a compile-only check of
+it for sm90 / gfx942 / gfx950."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from fxfuse.models.quant_linear import QuantLinear
 from fxfuse.runtime import allreduce_ops
 from tests.helpers import bytes_equal, fused_targets, outputs_bytes_equal
 from tests.patterns.test_rms_norm_quant import (
+    fxfuse_quant_group,
     group_128,
     llama,
     mxfp4,
@@ -42,7 +45,10 @@ N = 256
 NAME = "allreduce_rmsnorm"
 FUSED_QUANT = "fxfuse.allreduce_rms_norm_quant.default"
 FUSED_NORM = "fxfuse.allreduce_rms_norm.default"
+FUSED_GEMM = "fxfuse.allreduce_rms_norm_quant_gemm.default"
+GEMMS = ("fxfuse.gemm_fp8.default", "fxfuse.gemm_mxfp4.default")
 GEMM_N = 128  # the GEMM's output features (K = N)
+M_VALUES = (1, 4, 31, 32, 33, 200)  # both sides of prologue_quant_max_m = 32
 SESSION_TIMEOUT_S = 180  # a hang guard: the session takes ~25 s on two idle cores
 
 # --- model pieces (built inside each rank) ------------------------------------------------------
@@ -108,22 +114,32 @@ def _collectives_left(gm) -> int:
     )
 
 
-def _fuse_and_compare(model, rank, interpret=False, m=8) -> dict:
+def _fuse_and_compare(model, rank, interpret=False, m=8, run_ms=None) -> dict:
+    """Fuses the model (captured at m rows) and compares it with the unfused model; with run_ms,
+    captured with a dynamic token count and compared at each of those row counts."""
     os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
     torch.manual_seed(0)  # the same weight on every rank
     model = model()
     x, r = _inputs(rank, m)
+    rows = torch.export.Dim("rows", min=1, max=4096)
+    dynamic = ({0: rows}, {0: rows}) if run_ms else None
+    got, unequal = [], []
     with torch.no_grad():
-        fused = fxfuse.apply_fusions(model, (x.clone(), r))
-        want = model(x.clone(), r)
-        got = fused(x.clone(), r)
+        fused = fxfuse.apply_fusions(model, (x.clone(), r), dynamic_shapes=dynamic)
+        for rows_now in run_ms or (m,):
+            x, r = _inputs(rank, rows_now)
+            want, out = model(x.clone(), r), fused(x.clone(), r)
+            got.extend(out)
+            if not outputs_bytes_equal(out, want):
+                unequal.append(rows_now)
     report = fused.fxfuse_report
     return {
         "count": report.counts[NAME],
         "rmsnorm_quant": report.counts["rmsnorm_quant"],
         "targets": fused_targets(fused),
         "reasons": " | ".join(why for _, _, why in report.rejected),
-        "equal": outputs_bytes_equal(got, want),
+        "equal": not unequal,
+        "unequal_rows": unequal,
         "digest": _digest(got),
         "collectives_left": _collectives_left(fused),
     }
@@ -262,15 +278,82 @@ def case_opcheck(rank, world):
     return {"h": h.contiguous().view(torch.uint8).numpy().tobytes()}
 
 
+# --- cases: the chain into a GEMM ---------------------------------------------------------------
+
+
+class ARChainGemm(nn.Module):
+    """all-reduce → [residual add] → RMSNorm → quant → fxfuse.ops GEMM (the reference GEMMs, so
+    the unfused bytes are the fused op's on both sides of the dispatch); outputs (out[, h][, q]).
+    batched: x is (1, M, N), its normed rows viewed to (M, N) for the quant."""
+
+    def __init__(self, reduce, quant, residual, kind="fp8_rowwise", q_out=False, batched=False):
+        super().__init__()
+        self.reduce, self.quant, self.residual, self.kind = reduce, quant, residual, kind
+        self.q_out, self.batched = q_out, batched
+        self.weight = nn.Parameter((1 + 0.1 * torch.randn(N)).to(torch.bfloat16))
+        self.proj = QuantLinear(torch.randn(GEMM_N, N) / N**0.5, kind)  # its quantized weights
+
+    def forward(self, x, r):
+        a = self.reduce(x.unsqueeze(0) if self.batched else x)
+        h = a + r if self.residual else a
+        q, scale = self.quant(llama(h, self.weight).reshape(-1, N))
+        w, w_scale = self.proj.weight, self.proj.weight_scale
+        if self.kind == "mxfp4":
+            out = fxfuse.ops.gemm_mxfp4(q, scale, w, w_scale)
+        else:
+            w_scale = w_scale.reshape(-1, 1) if self.kind == "fp8_rowwise" else w_scale
+            out = fxfuse.ops.gemm_fp8(q, scale, w, w_scale)
+        outs = (out, h) if self.residual else (out,)
+        return (*outs, q) if self.q_out else outs
+
+
+def col_major_group_128(y):
+    return torch.ops.fxfuse.quant_fp8(y, 128, torch.float8_e4m3fn, 1e-10, False, False, True)
+
+
+def case_gemm_fp8_per_token_residual(rank, world):
+    return _fuse_and_compare(
+        lambda: ARChainGemm(functional, per_token_div, True), rank, run_ms=M_VALUES
+    )
+
+
+def case_gemm_fp8_group128_in_place(rank, world):
+    # fxfuse.ops.quant_fp8: the torch spelling's canonical view bakes the capture's symbolic M
+    # into the graph (patterns/quant.py), which a dynamic-M graph cannot run.
+    return _fuse_and_compare(
+        lambda: ARChainGemm(in_place, fxfuse_quant_group, True, "fp8_block"), rank,
+        run_ms=(1, 32, 33, 200),
+    )  # fmt: skip
+
+
+def case_gemm_mxfp4_plain(rank, world):
+    return _fuse_and_compare(
+        lambda: ARChainGemm(functional, mxfp4("even"), False, "mxfp4", batched=True), rank,
+        run_ms=(4, 32, 33),
+    )  # fmt: skip
+
+
+def case_gemm_q_used_elsewhere(rank, world):
+    return _fuse_and_compare(lambda: ARChainGemm(functional, per_token_div, True, q_out=True), rank)
+
+
+def case_gemm_col_major_scales(rank, world):
+    return _fuse_and_compare(
+        lambda: ARChainGemm(functional, col_major_group_128, True, "fp8_block"), rank
+    )
+
+
 # One spawned session of 4 ranks: the world's cases, then a pair's (ranks 0 and 1) while ranks 2
 # and 3 wait; one start-up instead of two keeps the file well under a minute on two cores.
 SESSION = {
     4: ["functional_residual_fp8", "in_place_residual_group128", "functional_plain_mxfp4",
-        "interpreted_kernels", "group_of_one"],
+        "interpreted_kernels", "group_of_one", "gemm_fp8_per_token_residual"],
     2: ["functional_residual_fp8", "functional_plain_mxfp4", "in_place_residual_group128",
         "fxfuse_op_residual_first_norm_only", "functional_plain_norm_only", "interpreted_kernels",
         "reduced_used_elsewhere", "reduce_max", "in_place_on_graph_input",
-        "in_place_buffer_aliased", "torch_compile", "opcheck"],
+        "in_place_buffer_aliased", "torch_compile", "opcheck", "gemm_fp8_per_token_residual",
+        "gemm_fp8_group128_in_place", "gemm_mxfp4_plain", "gemm_q_used_elsewhere",
+        "gemm_col_major_scales"],
 }  # fmt: skip
 WORLD = max(SESSION)
 
@@ -412,7 +495,7 @@ def test_fused_ops_pass_opcheck_with_a_group(ranks):
 # --- 4 ranks ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", [n for n in SESSION[4] if n != "group_of_one"])
+@pytest.mark.parametrize("name", [n for n in SESSION[4] if n != "group_of_one" and "gemm" not in n])
 def test_four_ranks_spelling_fires_and_matches_bytes(ranks, name):
     _assert_fired(_case(ranks, 4, name))
 
@@ -422,6 +505,43 @@ def test_group_of_one_rank_fires_and_runs_locally(ranks):
     for out in per_rank:
         assert out["count"] == 1 and FUSED_QUANT in out["targets"] and out["equal"], out
     assert len({out["digest"] for out in per_rank}) == 4  # nothing was summed across ranks
+
+
+# --- 2 and 4 ranks: the chain into a GEMM -------------------------------------------------------
+
+
+GEMM_CHAIN_CASES = [
+    (2, "gemm_fp8_per_token_residual"),
+    (2, "gemm_fp8_group128_in_place"),
+    (2, "gemm_mxfp4_plain"),
+    (4, "gemm_fp8_per_token_residual"),
+]
+
+
+@pytest.mark.parametrize("world, name", GEMM_CHAIN_CASES)
+def test_chain_into_the_gemm_fires_and_matches_bytes_at_every_m(ranks, world, name):
+    per_rank = _case(ranks, world, name)
+    for rank, out in enumerate(per_rank):
+        assert not any(t in GEMMS for t in out["targets"]), f"rank {rank}: {out['targets']}"
+        assert out["unequal_rows"] == [], f"rank {rank}: bytes differ at these M"
+    _assert_fired(per_rank, FUSED_GEMM)
+
+
+@pytest.mark.parametrize(
+    "name, reason",
+    [
+        ("gemm_q_used_elsewhere", "has other users"),
+        ("gemm_col_major_scales", "column-major activation scales"),
+    ],
+)
+def test_chain_into_the_gemm_near_miss_ends_at_the_quant(ranks, name, reason):
+    """The GEMM stays its own node; the all-reduce → norm → quant still fuses."""
+    per_rank = _case(ranks, 2, name)
+    for rank, out in enumerate(per_rank):
+        assert FUSED_GEMM not in out["targets"], f"rank {rank}: {out['targets']}"
+        assert "fxfuse.gemm_fp8.default" in out["targets"], f"rank {rank}: {out['targets']}"
+        assert reason in out["reasons"], out["reasons"]
+    _assert_fired(per_rank, FUSED_QUANT)
 
 
 # --- in process: no group -----------------------------------------------------------------------
