@@ -3,7 +3,8 @@ dequantize-then-bf16 F.linear and bf16 F.linear on the unquantized weight (PERFO
 the DeepSeek-R1 shapes.
 
     PYTHONPATH=. python benchmarks/bench_gemm_mxfp4.py --out benchmarks/results   # H200, ~3 min
-    PYTHONPATH=. python benchmarks/bench_gemm_mxfp4.py --sweep --shapes 2112x7168  # ~2 min a shape
+    PYTHONPATH=. python benchmarks/bench_gemm_mxfp4.py --sweep --shapes 2112x7168  # ~2 min a shape;
+        # writes gemm_a16wfp4_sweep.json (M <= 128) and gemm_mxfp4_sweep.json (larger M)
     PYTHONPATH=. python benchmarks/bench_gemm_mxfp4.py --cpu-smoke                 # interpreter
 
 Also times Triton's tl.dot_scaled emulation on non-gfx950 targets for a few M (case suffix
@@ -183,15 +184,19 @@ def main(argv=None) -> None:
     results = common.header(command.strip())
     start = time.time()
     if args.sweep:
-        sweep_rows = []
-
-        def calls_for(m, n, k, config):
-            return make_case("a16wfp4" if m <= 128 else "afp4wfp4", m, n, k, config, check=False)
-
+        # M <= 128 sweeps the prequant A16WFP4 kernel (its own table), larger M AFP4WFP4.
         sweep_m = m_values if args.m else [16, 32, 64, 128, 1024, 8192]
-        common.run_sweep("gemm_mxfp4", SHAPES, calls_for, sweep_m, sweep_rows)
-        results["sweep"] = sweep_rows
-        common.write_results(results, args.out, SUITE + "_sweep")
+        for table, case, ms in (("gemm_a16wfp4", "a16wfp4", [m for m in sweep_m if m <= 128]),
+                                ("gemm_mxfp4", "afp4wfp4", [m for m in sweep_m if m > 128])):
+            if not ms:
+                continue
+            sweep_rows = []
+
+            def calls_for(m, n, k, config, case=case):
+                return make_case(case, m, n, k, config, check=False)
+
+            common.run_sweep(table, SHAPES, calls_for, ms, sweep_rows)
+            common.write_results({**results, "sweep": sweep_rows}, args.out, table + "_sweep")
         return
     for case, m, n, k in cases_for(m_values, detect_target()):
         row = bench_row(case, m, n, k)

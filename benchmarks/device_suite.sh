@@ -49,9 +49,12 @@ for s in $STEPS; do
         && cp fxfuse/runtime/tables/gemm_fp8.json "$RES/gemm_fp8_table.json"; echo "=== gemm_fp8_install rc=$?" ;;
     gemm_mxfp4) step gemm_mxfp4 "${T_MX:-80}" python benchmarks/bench_gemm_mxfp4.py ${MX_ARGS:-} --out "$RES" ;;
     gemm_mxfp4_sweep) step gemm_mxfp4_sweep "${T_MX_SWEEP:-150}" python benchmarks/bench_gemm_mxfp4.py --sweep ${MX_SWEEP_ARGS:-} --out "$RES" ;;
-    gemm_mxfp4_install)
-      python benchmarks/install_gemm_sweep.py gemm_mxfp4 "$RES/gemm_mxfp4_sweep.json" \
-        && cp fxfuse/runtime/tables/gemm_mxfp4.json "$RES/gemm_mxfp4_table.json"; echo "=== gemm_mxfp4_install rc=$?" ;;
+    gemm_mxfp4_install)  # each table whose sweep ran (A16WFP4 for M <= 128, AFP4WFP4 above)
+      for t in gemm_a16wfp4 gemm_mxfp4; do
+        [ -f "$RES/${t}_sweep.json" ] || continue
+        python benchmarks/install_gemm_sweep.py $t "$RES/${t}_sweep.json" \
+          && cp fxfuse/runtime/tables/$t.json "$RES/${t}_table.json"; echo "=== $t install rc=$?"
+      done ;;
     split_cat) step split_cat "${T_SPLIT:-70}" python benchmarks/bench_gemm_split_cat.py --out "$RES" ;;
     split_cat_sweep) step split_cat_sweep "${T_SPLIT_SWEEP:-120}" python benchmarks/bench_gemm_split_cat.py --sweep-only ${SPLIT_SWEEP_ARGS:-} --out "$RES" ;;
     split_cat_install)  # the sweep's sm90 entries into the table before timing with it

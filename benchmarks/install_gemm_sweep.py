@@ -3,6 +3,7 @@ entries of that kernel's launch table.
 
     python benchmarks/install_gemm_sweep.py gemm_fp8 RESULTS/gemm_fp8_sweep.json
     python benchmarks/install_gemm_sweep.py gemm_mxfp4 RESULTS/gemm_mxfp4_sweep.json
+    python benchmarks/install_gemm_sweep.py gemm_a16wfp4 RESULTS/gemm_a16wfp4_sweep.json
 
 Per swept M (each the top of an M bucket: the bucket runs up to it) and per DeepSeek-R1 (N, K),
 the fastest config becomes an entry `{"m_max": M, "n_max": N, "k_max": K}`, tried in order of M
@@ -17,10 +18,11 @@ import sys
 from pathlib import Path
 
 TABLES = Path(__file__).resolve().parents[1] / "fxfuse" / "runtime" / "tables"
-KERNELS = ("gemm_fp8", "gemm_mxfp4")
+KERNELS = ("gemm_fp8", "gemm_mxfp4", "gemm_a16wfp4")
 LARGE_M_NOTE = {
     "gemm_fp8": "earlier entries, the vendor GEMM there for rowwise A8W8 (gemm_fp8_backend)",
     "gemm_mxfp4": "earlier entries",
+    "gemm_a16wfp4": "earlier entries",
 }
 
 

@@ -358,6 +358,8 @@ def _gemm_mxfp4_kernel(
 # launcher
 
 KERNEL_NAME = "gemm_mxfp4"
+# The prequant A16WFP4 variant has its own launch table (its best skinny tiles differ).
+PREQUANT_TABLE = "gemm_a16wfp4"
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Targets whose tensor cores take e2m1 × e8m0 directly (tl.dot_scaled); elsewhere the dequant
 # path, unless a caller asks for Triton's dot_scaled emulation.
@@ -422,7 +424,7 @@ def _launch(
     m = a.shape[0]
     target = resolve_target(target, a.device)
     dot_scaled = _use_dot_scaled(use_dot_scaled, target)
-    cfg = launch_config(KERNEL_NAME, target, m, n, k, config)
+    cfg = launch_config(PREQUANT_TABLE if a_bf16 else KERNEL_NAME, target, m, n, k, config)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     if bk < 64:
         raise ValueError(f"config: BLOCK_K must be >= 64 for MXFP4 (32 packed bytes), got {bk}")
