@@ -76,7 +76,9 @@ def test_explain_bundled_block_writes_a_drawing_per_rewrite(tmp_path, capsys):
         assert text.startswith("digraph ") and "->" in text and text.rstrip().endswith("}")
 
 
-def test_explain_dotted_factory_and_quant(tmp_path, capsys):
+def test_explain_dotted_factory_and_quant(tmp_path, capsys, reference_path):
+    """The weights are quantized through fxfuse.ops (reference path: the interpreter would take
+    ~30 s on the CPU for what is a drawing test)."""
     spec = f"{__name__}:small_block"
     assert main(["explain", spec, "--quant", "mxfp4", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
