@@ -44,6 +44,20 @@ def static_int(size) -> int | None:
     return None
 
 
+def sizes_of(build, node: fx.Node, dims: int) -> list:
+    """The first `dims` sizes of node, for a view's shape argument: ints where static, -1 for a
+    single symbolic one, else sym_size nodes (a capture's symbols never go into the graph as
+    literals)."""
+    shape = val(node).shape[:dims]
+    symbolic = [i for i, s in enumerate(shape) if static_int(s) is None]
+    if len(symbolic) == 1:
+        return [-1 if i in symbolic else static_int(s) for i, s in enumerate(shape)]
+    return [
+        static_int(s) if i not in symbolic else build.call(aten.sym_size.int, (node, i))
+        for i, s in enumerate(shape)
+    ]
+
+
 def same_size(a, b) -> bool:
     """Two sizes are provably equal (ints or sympy expressions)."""
     if isinstance(a, int) and isinstance(b, int):

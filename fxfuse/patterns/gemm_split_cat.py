@@ -35,7 +35,7 @@ from collections.abc import Callable
 import torch
 from torch import fx
 
-from fxfuse.patterns.common import same_size, static_int
+from fxfuse.patterns.common import same_size, sizes_of, static_int
 from fxfuse.patterns.matcher import Alt, Any, Lit, Match, Op, Pat, normalized_args
 from fxfuse.patterns.rule import Rule, val
 from fxfuse.runtime import gemm_split_cat_ops, launch_tables
@@ -440,19 +440,6 @@ def _layout(m: Match) -> Layout | str:
     return Layout(d, width, views[-1] if views else None, None if perm == sorted(perm) else perm)
 
 
-def _sizes_of(build, node: fx.Node, dims: int) -> list:
-    """The first `dims` sizes of node: ints where static, -1 for a single symbolic one, else
-    sym_size nodes."""
-    shape = val(node).shape[:dims]
-    symbolic = [i for i, s in enumerate(shape) if static_int(s) is None]
-    if len(symbolic) == 1:
-        return [-1 if i in symbolic else static_int(s) for i, s in enumerate(shape)]
-    return [
-        static_int(s) if i not in symbolic else build.call(aten.sym_size.int, (node, i))
-        for i, s in enumerate(shape)
-    ]
-
-
 def _present(build, t, width: int, layout: Layout, m: Match):
     """The fused op's (M, d, width) output in the graph's shape: the chain's view with the last
     dim set to `width`, then its transposes."""
@@ -460,7 +447,7 @@ def _present(build, t, width: int, layout: Layout, m: Match):
         shape = list(list(normalized_args(layout.view).values())[1])
         shape[-1] = width
     else:
-        shape = [*_sizes_of(build, m["x"], val(m["gemm"]).dim() - 1), width]
+        shape = [*sizes_of(build, m["x"], val(m["gemm"]).dim() - 1), width]
     t = build.call(aten.view.default, (t, shape))
     return build.call(aten.permute.default, (t, layout.perm)) if layout.perm else t
 

@@ -13,7 +13,16 @@ from __future__ import annotations
 import torch
 
 from fxfuse.kernels.formats import FP8_DTYPES
-from fxfuse.patterns.common import DIV, FLOAT_DTYPES, MUL, as_float, aten, is_last_dim, maybe_cast
+from fxfuse.patterns.common import (
+    DIV,
+    FLOAT_DTYPES,
+    MUL,
+    as_float,
+    aten,
+    is_last_dim,
+    maybe_cast,
+    sizes_of,
+)
 from fxfuse.patterns.matcher import Alt, Any, Cast, Getitem, Lit, Match, Op, cast_source
 from fxfuse.patterns.rule import Inserter, Rule, val
 
@@ -104,8 +113,13 @@ def _replace(m: Match, ctx, insert: Inserter):
     node = insert.call(fxfuse.quant_fp8.default, (source, *args))
     q, s = insert.outputs(node, 2)
     if group:
-        q = insert.call(aten.view.default, (q, list(val(m.root).shape)))
-        s = insert.call(aten.view.default, (s, list(val(m["scale"]).shape)))
+        # Back to the graph's shapes: q (..., K) and s (..., K / G, 1), the leading dims those of
+        # the source (sym_size nodes where symbolic, never the capture's symbols as literals).
+        lead = val(source).dim() - 1
+        q_shape = [*sizes_of(insert, source, lead), *list(val(m.root).shape)[lead:]]
+        s_shape = [*sizes_of(insert, source, lead), *list(val(m["scale"]).shape)[lead:]]
+        q = insert.call(aten.view.default, (q, q_shape))
+        s = insert.call(aten.view.default, (s, s_shape))
     return [q, s]
 
 

@@ -275,3 +275,33 @@ def test_disable_turns_the_pattern_off(reference_path, monkeypatch):
     fused = _fuse(model, inputs)
     assert not any("rms_norm_quant" in t for t in fused_targets(fused))
     assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
+class _GroupQuantOnly(nn.Module):
+    """A 1×128 quant spelled in torch over any leading dims (no norm before it)."""
+
+    def forward(self, x):
+        y = x * 2
+        yg = y.float().view(*y.shape[:-1], y.shape[-1] // 128, 128)
+        scale = yg.abs().amax(dim=-1, keepdim=True).clamp(min=1e-10) / 448.0
+        q = (yg / scale).clamp(-448.0, 448.0).to(FP8)
+        return q.view(y.shape), scale.squeeze(-1)
+
+
+@pytest.mark.parametrize("dims", [1, 2], ids=["dynamic-rows", "dynamic-batch-and-seq"])
+def test_group_quant_with_symbolic_leading_dims(reference_path, dims):
+    """The canonical quant views q and scale back with the graph's sizes (sym_size where symbolic),
+    so one dynamic capture runs at other sizes with the unfused bytes."""
+    model = _GroupQuantOnly()
+    if dims == 1:
+        x = torch.randn(8, 256).to(torch.bfloat16)
+        dynamic = ({0: torch.export.Dim("rows", min=2, max=512)},)
+        others = [torch.randn(m, 256).to(torch.bfloat16) for m in (3, 33)]
+    else:
+        x = torch.randn(2, 8, 256).to(torch.bfloat16)
+        dynamic = ({0: torch.export.Dim("b", min=2, max=8), 1: torch.export.Dim("s", min=2, max=64)},)
+        others = [torch.randn(b, s, 256).to(torch.bfloat16) for b, s in ((3, 5), (4, 33))]
+    fused = fxfuse.apply_fusions(model, (x,), dynamic_shapes=dynamic)
+    assert "fxfuse.quant_fp8.default" in fused_targets(fused)
+    for inp in (x, *others):
+        assert outputs_bytes_equal(fused(inp), model(inp))
