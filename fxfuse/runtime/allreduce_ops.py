@@ -53,9 +53,11 @@ def _env_max_bytes() -> int | None:
     return parsed
 
 
-# The one-shot kernel is opt-in until a multi-GPU run verifies it: its first H200 run (two
-# ranks sharing one GPU, 2026-12-02) did not finish within 75 s. Until then only an explicit
-# FXFUSE_ALLREDUCE_ONESHOT_MAX_BYTES turns it on.
+# The one-shot kernel is opt-in until a multi-GPU run verifies it; only an explicit
+# FXFUSE_ALLREDUCE_ONESHOT_MAX_BYTES turns it on. On one H200 (2026-12-03) it passes at world size
+# 1 through an NCCL group's symmetric memory (back to back and under CUDA-graph replay) and with
+# two ranks emulated on one GPU (tests/distributed/test_allreduce_gpu.py). The first emulated run
+# (2026-12-02) hung because a rank's kernel module was loaded lazily while the other grid spun.
 ONE_SHOT_VERIFIED = False
 
 
