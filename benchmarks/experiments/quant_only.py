@@ -26,6 +26,9 @@ import torch
 import triton
 import triton.testing
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_rms_norm_quant import Rotating, time_us  # benchmarks/ is on sys.path
+
 from fxfuse.kernels.rms_norm_quant import quant
 from fxfuse.kernels.rms_norm_quant_ref import quant_fp8_ref, quant_mxfp4_ref
 
@@ -101,28 +104,6 @@ def check(kind, m, k, device) -> tuple[bool, str]:
     return not problems, "; ".join(problems) or "bit-exact"
 
 
-class Rotating:
-    """Calls fn on the next input set each time, keeping each set's outputs alive until its next
-    turn (a graph pool would otherwise hand back the same L2-hot memory)."""
-
-    def __init__(self, fn, input_sets):
-        self.fn, self.input_sets = fn, input_sets
-        self.outputs = [None] * len(input_sets)
-        self.i = 0
-
-    def __call__(self):
-        i = self.i
-        self.i = (i + 1) % len(self.input_sets)
-        self.outputs[i] = None
-        self.outputs[i] = self.fn(self.input_sets[i])
-
-
-def time_us(fn, graph, rep_ms):
-    if graph:
-        return triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e3
-    return triton.testing.do_bench(fn, warmup=10, rep=3 * rep_ms, return_mode="median") * 1e3
-
-
 def time_row(kind, m, k, device, rep_ms):
     moved = bytes_moved(kind, m, k)
     roofline_us = moved / COPY_BYTES_PER_US
@@ -135,8 +116,8 @@ def time_row(kind, m, k, device, rep_ms):
     )
     sets = make_inputs(m, k, device, seed=m * 31 + k, copies=copies)
     fns = {
-        "kernel": Rotating(lambda x: kernel(x, kind), sets),
-        "reference": Rotating(lambda x: reference(x, kind), sets),
+        "kernel": Rotating(lambda x: kernel(x, kind), [(x,) for x in sets]),
+        "reference": Rotating(lambda x: reference(x, kind), [(x,) for x in sets]),
     }
     for fn in fns.values():  # compile outside the timed region
         for _ in range(len(sets)):
