@@ -345,9 +345,6 @@ def allreduce_rms_norm_quant(
     _check_peers(peers, x.device)
     if quant is not None and quant not in norm_quant.QUANT_KINDS:
         raise ValueError(f"quant: expected None or one of {norm_quant.QUANT_KINDS}, got {quant!r}")
-    formats.check_rounding(rounding)
-    if fp8_dtype not in formats.FP8_DTYPES:
-        raise ValueError(f"fp8_dtype: expected one of {formats.FP8_DTYPES}, got {fp8_dtype}")
     m, n = x.shape
     if m * n * x.element_size() > peers.buffer_bytes:
         raise ValueError(
@@ -355,33 +352,19 @@ def allreduce_rms_norm_quant(
         )
     device = x.device
     norm_dtype = norm_dtype or x.dtype
-    q = scale = y = None
+    y = None
     if quant is None:
+        formats.check_rounding(rounding)
+        if fp8_dtype not in formats.FP8_DTYPES:
+            raise ValueError(f"fp8_dtype: expected one of {formats.FP8_DTYPES}, got {fp8_dtype}")
+        q = scale = None
         quant_kind = norm_quant.QUANT_NONE
         group = chunk = min(norm_quant.ROW_CHUNK, triton.next_power_of_2(n))
         y = torch.empty((m, n), dtype=norm_dtype, device=device)
-    elif quant == "mxfp4":
-        if n % formats.MXFP4_BLOCK:
-            raise ValueError(f"x: last dim must be a multiple of 32 for MXFP4, got {n}")
-        quant_kind, group = norm_quant.QUANT_MXFP4, formats.MXFP4_BLOCK
-        chunk = group
-        q = torch.empty((m, n // 2), dtype=torch.uint8, device=device)
-        scale = torch.empty((m, n // group), dtype=torch.uint8, device=device)
-    else:
-        if not isinstance(group_size, int) or group_size < 0 or (group_size and n % group_size):
-            raise ValueError(f"group_size: expected 0 or a divisor of N={n}, got {group_size!r}")
-        if group_size:
-            quant_kind, group = norm_quant.QUANT_FP8_GROUP, group_size
-            chunk = triton.next_power_of_2(group)
-        else:
-            quant_kind = norm_quant.QUANT_FP8_ROW
-            group = chunk = min(norm_quant.ROW_CHUNK, triton.next_power_of_2(n))
-        q = torch.empty((m, n), dtype=fp8_dtype, device=device)
-        num_scales = n // group_size if group_size else 1
-        if scale_col_major and group_size:
-            scale = torch.empty((num_scales, m), dtype=torch.float32, device=device).t()
-        else:
-            scale = torch.empty((m, num_scales), dtype=torch.float32, device=device)
+    else:  # the norm-quant launcher's own checks and q / scale buffers
+        quant_kind, group, chunk, q, scale = norm_quant._quant_outputs(
+            x, quant, group_size, fp8_dtype, scale_col_major, rounding
+        )
     h = torch.empty((m, n), dtype=x.dtype, device=device)
     if m == 0:
         return q, scale, h, y
