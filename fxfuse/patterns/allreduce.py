@@ -127,13 +127,13 @@ def _replace_quant(m: Match, ctx, insert: Inserter):
         fxfuse.allreduce_rms_norm_quant.default,
         (m["local"], residual, m["norm_w"], m["group_name"], *_norm_args_of(m), *_quant_args_of(m)),
     )
-    q, scale, h = insert.outputs(fused, 3)
+    q, scale, *h = insert.outputs(fused, 2 if residual is None else 3)  # no unused h
     if m.get("rows_view") is not None:
         # The fused op keeps x's leading dims; view q and scale the way the graph viewed y.
         lead = list(m["rows_shape"])[:-1]
         q = insert.call(aten.reshape.default, (q, [*lead, val(q).shape[-1]]))
         scale = insert.call(aten.reshape.default, (scale, [*lead, val(scale).shape[-1]]))
-    return [[q, scale]] if residual is None else [[q, scale], [None, h]]
+    return [[q, scale]] if residual is None else [[q, scale], [None, h[0]]]
 
 
 def _replace_norm(m: Match, ctx, insert: Inserter):
@@ -142,8 +142,8 @@ def _replace_norm(m: Match, ctx, insert: Inserter):
         fxfuse.allreduce_rms_norm.default,
         (m["local"], residual, m["norm_w"], m["group_name"], *_norm_args_of(m)),
     )
-    y, h = insert.outputs(fused, 2)
-    return [y] if residual is None else [[y, h]]
+    y, *h = insert.outputs(fused, 1 if residual is None else 2)  # no unused h
+    return [y] if residual is None else [[y, h[0]]]
 
 
 def _replace_gemm(m: Match, ctx, insert: Inserter):
