@@ -50,9 +50,9 @@ def main():
                 row.append(f"{choice}={rel(out, ref):.1e}")
             os.environ.pop(gemm_ops.GEMM_BACKEND_ENV)
             row.append(f"layout={gemm_ops._VENDOR_BLOCK_LAYOUT}")
-            for i, (a_s, b_s) in enumerate(gemm_ops._block_scale_layouts(s, ws)):
+            for i, layout in enumerate(gemm_ops._block_scale_layouts(s, ws)):
                 try:
-                    o = torch._scaled_mm(q, w.t(), a_s, b_s, out_dtype=torch.bfloat16)
+                    o = torch._scaled_mm(q, w.t(), *layout(), out_dtype=torch.bfloat16)
                     row.append(f"L{i}={rel(o, ref):.1e}")
                 except Exception as e:  # noqa: BLE001
                     row.append(f"L{i}=rejected({type(e).__name__})")

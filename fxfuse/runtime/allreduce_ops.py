@@ -245,15 +245,11 @@ def allreduce_rms_norm_quant_gemm(
     norm_args = (weight_offset, round_before_weight, norm_dtype, reciprocal_sqrt)
     quant_args = (quant, group_size, fp8_dtype, quant_eps, eps_on_scale, apply_reciprocal,
                   scale_col_major, rounding)  # fmt: skip
-    quant_dict = dict(zip(QUANT_ARG_NAMES, quant_args))
-    gemm_ops._check_dispatch_args(x, w, quant_dict, prologue_quant_max_m)
-    if gemm_ops._rows(x) > prologue_quant_max_m:
-        q, scale, h = run(x, residual, weight, group_name, eps, norm_args, quant_args)
-        q, scale = q.reshape(-1, q.shape[-1]), scale.reshape(-1, scale.shape[-1])
-        return gemm_ops._quantized_gemm(q, scale, w, w_scale, out_dtype, quant_dict), h
-    y, h = run(x, residual, weight, group_name, eps, norm_args)
-    y = y.reshape(-1, y.shape[-1])
-    return gemm_ops._prequant_gemm(y, w, w_scale, out_dtype, quant_dict), h
+    return gemm_ops.dispatch_by_rows(
+        x, w, w_scale, out_dtype, dict(zip(QUANT_ARG_NAMES, quant_args)), prologue_quant_max_m,
+        lambda: run(x, residual, weight, group_name, eps, norm_args, quant_args),
+        lambda: run(x, residual, weight, group_name, eps, norm_args),
+    )  # fmt: skip
 
 
 @allreduce_rms_norm_quant_gemm.register_fake

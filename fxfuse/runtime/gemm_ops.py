@@ -143,11 +143,18 @@ _VENDOR_BLOCK_LAYOUT: dict[int | None, int | None] = {}
 
 
 def _block_scale_layouts(x_scale, w_scale):
-    """Candidate (scale_a, scale_b) for q (M, K) @ w.t() (K, N): the 1×128 scales (M, K/128)
-    outer-dim-major (column-major) or row-major, the 128×128 ones (N/128, K/128) transposed to
-    (K/128, N/128) or as stored."""
-    xs_col = x_scale if x_scale.stride(0) == 1 else x_scale.t().contiguous().t()
-    return ((xs_col, w_scale.t()), (xs_col, w_scale), (x_scale.contiguous(), w_scale.t()))
+    """Candidate (scale_a, scale_b) for q (M, K) @ w.t() (K, N), as builders (only the one used
+    is made): the 1×128 scales (M, K/128) outer-dim-major (column-major) or row-major, the 128×128
+    ones (N/128, K/128) transposed to (K/128, N/128) or as stored."""
+
+    def col_major():
+        return x_scale if x_scale.stride(0) == 1 else x_scale.t().contiguous().t()
+
+    return (
+        lambda: (col_major(), w_scale.t()),
+        lambda: (col_major(), w_scale),
+        lambda: (x_scale.contiguous(), w_scale.t()),
+    )
 
 
 def _gemm_fp8_vendor_block(q, x_scale, w, w_scale, out_dtype):
@@ -158,11 +165,10 @@ def _gemm_fp8_vendor_block(q, x_scale, w, w_scale, out_dtype):
     layouts = _block_scale_layouts(x_scale, w_scale)
     known = _VENDOR_BLOCK_LAYOUT.get(key, _UNTRIED)
     if known != _UNTRIED:
-        a_s, b_s = layouts[known]
-        return torch._scaled_mm(q, w.t(), a_s, b_s, out_dtype=out_dtype)
-    for i, (a_s, b_s) in enumerate(layouts):
+        return torch._scaled_mm(q, w.t(), *layouts[known](), out_dtype=out_dtype)
+    for i, layout in enumerate(layouts):
         try:
-            out = torch._scaled_mm(q, w.t(), a_s, b_s, out_dtype=out_dtype)
+            out = torch._scaled_mm(q, w.t(), *layout(), out_dtype=out_dtype)
         except (RuntimeError, ValueError, NotImplementedError):
             continue
         _VENDOR_BLOCK_LAYOUT[key] = i
@@ -264,16 +270,27 @@ def _check_dispatch_args(x, w, quant_args, max_m):
         raise ValueError(f"quant: expected 'fp8' or 'mxfp4', got {quant_args['quant']!r}")
 
 
-def _norm_quant_gemm(x, residual, weight, eps, norm, quant_args, w, w_scale, out_dtype, max_m):
+def dispatch_by_rows(x, w, w_scale, out_dtype, quant_args, max_m, norm_quant, norm):
+    """The token-count dispatch of every chain ending in a GEMM: above max_m rows,
+    `norm_quant()` → (q, scale, h) then the quantized GEMM; at or below, `norm()` → (y, h) then
+    the prequant GEMM. Returns (out (M, N), h)."""
     _check_dispatch_args(x, w, quant_args, max_m)
     if _rows(x) > max_m:
-        q, scale, h = norm_quant_ops._fused(x, residual, weight, eps, norm, quant_args)
+        q, scale, h = norm_quant()
         q, scale = q.reshape(-1, q.shape[-1]), scale.reshape(-1, scale.shape[-1])
         return _quantized_gemm(q, scale, w, w_scale, out_dtype, quant_args), h
-    y, h = norm_quant_ops._norm(x, weight, eps, residual, norm["weight_offset"],
-                                norm["round_before_weight"], norm["norm_dtype"],
-                                norm["reciprocal_sqrt"])
+    y, h = norm()
     return _prequant_gemm(y.reshape(-1, y.shape[-1]), w, w_scale, out_dtype, quant_args), h
+
+
+def _norm_quant_gemm(x, residual, weight, eps, norm, quant_args, w, w_scale, out_dtype, max_m):
+    return dispatch_by_rows(
+        x, w, w_scale, out_dtype, quant_args, max_m,
+        lambda: norm_quant_ops._fused(x, residual, weight, eps, norm, quant_args),
+        lambda: norm_quant_ops._norm(x, weight, eps, residual, norm["weight_offset"],
+                                     norm["round_before_weight"], norm["norm_dtype"],
+                                     norm["reciprocal_sqrt"]),
+    )  # fmt: skip
 
 
 def _rows(x: torch.Tensor):
