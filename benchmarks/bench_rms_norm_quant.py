@@ -109,14 +109,17 @@ def fused(case: str, config=None):
 # sizes, inputs, timing
 
 
-def bytes_moved(case: str, m: int, n: int, elem: int = 2) -> int:
-    kw = CASES[case]
+def quant_out_bytes(kw: dict, m: int, n: int) -> int:
+    """Bytes of q and its scales for (m, n) rows quantized as `kw` ("quant", "group_size")."""
     if kw["quant"] == "mxfp4":
-        out = m * n // 2 + m * n // 32
-    elif kw["group_size"]:
-        out = m * n + 4 * m * (n // kw["group_size"])
-    else:
-        out = m * n + 4 * m
+        return m * n // 2 + m * n // 32
+    if kw["group_size"]:
+        return m * n + 4 * m * (n // kw["group_size"])
+    return m * n + 4 * m
+
+
+def bytes_moved(case: str, m: int, n: int, elem: int = 2) -> int:
+    out = quant_out_bytes(CASES[case], m, n)
     return 3 * m * n * elem + n * elem + out  # x, residual read; h written; weight; q + scales
 
 

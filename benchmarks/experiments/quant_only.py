@@ -27,7 +27,7 @@ import triton
 import triton.testing
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_rms_norm_quant import Rotating, time_us  # benchmarks/ is on sys.path
+from bench_rms_norm_quant import Rotating, quant_out_bytes, time_us  # benchmarks/ is on sys.path
 
 from fxfuse.kernels.rms_norm_quant import quant
 from fxfuse.kernels.rms_norm_quant_ref import quant_fp8_ref, quant_mxfp4_ref
@@ -77,14 +77,7 @@ def adversarial(m, k, device):
 
 
 def bytes_moved(kind, m, k, elem=2):
-    kw = KINDS[kind]
-    if kw["quant"] == "mxfp4":
-        out = m * k // 2 + m * k // 32
-    elif kw["group_size"]:
-        out = m * k + 4 * m * (k // kw["group_size"])
-    else:
-        out = m * k + 4 * m
-    return m * k * elem + out
+    return m * k * elem + quant_out_bytes(KINDS[kind], m, k)  # x read; q + scales written
 
 
 def _bytes(t):
