@@ -1,0 +1,166 @@
+"""Where the top-k kernels spend their time (issue 5): per-kernel GPU time from the profiler for
+the multi-program and row paths at the bench shapes, launch-config variants of the multi path,
+and read-bandwidth references (torch.amax over the rows; a Triton kernel that only streams the
+scores and keeps a max, at the multi path's segment size).
+
+Every variant is checked exact against torch.topk's set (`topk_ref`) before it is timed.
+
+    PYTHONPATH=. python benchmarks/experiments/topk_probe.py [--out FILE.json] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+
+from fxfuse.kernels import topk, topk_ref
+
+COPY_BYTES_PER_US = 4.25e12 / 1e6
+
+
+@triton.jit
+def _stream_max_kernel(x_ptr, out_ptr, n, SEGMENT: tl.constexpr, BLOCK: tl.constexpr):
+    """Read SEGMENT scores per program, BLOCK at a time, keep a running max (read roofline)."""
+    pid = tl.program_id(0)
+    base = pid.to(tl.int64) * SEGMENT
+    offs = tl.arange(0, BLOCK)
+    acc = tl.full((BLOCK,), float("-inf"), tl.float32)
+    for start in range(0, SEGMENT, BLOCK):
+        x = tl.load(x_ptr + base + start + offs, mask=base + start + offs < n, other=0.0)
+        acc = tl.maximum(acc, x)
+    tl.store(out_ptr + pid, tl.max(acc, 0))
+
+
+def stream_max(x, segment, block, warps):
+    n = x.numel()
+    grid = triton.cdiv(n, segment)
+    out = torch.empty(grid, device=x.device, dtype=torch.float32)
+    _stream_max_kernel[(grid,)](x, out, n, SEGMENT=segment, BLOCK=block, num_warps=warps)
+    return out
+
+
+def kernel_times(fn, calls=20):
+    """{kernel name: mean GPU microseconds per call} from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None)
+        if t is None:
+            t = ev.cuda_time_total
+        if t > 0 and ev.count >= calls:
+            out[ev.key[:60]] = round(t / calls, 2)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    dev = torch.device("cuda")
+    t0 = time.time()
+    results = {"device": torch.cuda.get_device_name(), "rows": []}
+
+    def emit(row):
+        results["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1)
+
+    shapes = [
+        (1, 8192, 512),
+        (1, 131072, 2048),
+        (64, 131072, 2048),
+        (256, 131072, 2048),
+        (256, 131072, 512),
+        (4096, 4096, 2048),
+    ]
+    variants = [
+        ("auto", {}, None),
+        ("row", {}, "row"),
+        ("multi", {}, "multi"),
+        ("multi_noest", {"MULTI_ESTIMATE": 0}, "multi"),
+    ]
+    for w in (4, 8):
+        variants.append((f"multi_w{w}", {"MULTI_WARPS": w}, "multi"))
+    for blk, ch in ((2048, 16), (8192, 4), (4096, 32), (4096, 2)):
+        variants.append((f"multi_b{blk}_c{ch}", {"MULTI_BLOCK": blk, "MULTI_CHUNKS": ch}, "multi"))
+    for rows, length, k in shapes:
+        g = torch.Generator(device=dev).manual_seed(rows * 7 + k)
+        scores = torch.randn(rows, length, device=dev, generator=g)
+        roof = rows * length * 4 / COPY_BYTES_PER_US
+        ref_sets = torch.topk(scores, k, dim=1).indices.sort(1).values
+        eager_us = triton.testing.do_bench(lambda: torch.topk(scores, k, dim=1), rep=50) * 1e3
+        amax_us = triton.testing.do_bench(lambda: scores.amax(1), rep=50) * 1e3
+        emit(
+            {
+                "shape": [rows, length, k],
+                "variant": "torch.topk",
+                "us": round(eager_us, 2),
+                "roofline_us": round(roof, 2),
+            }
+        )
+        emit({"shape": [rows, length, k], "variant": "torch.amax", "us": round(amax_us, 2)})
+        flat = scores.reshape(-1)
+        for seg, blk, w in (
+            (32768, 4096, 16),
+            (32768, 4096, 8),
+            (8192, 2048, 8),
+            (131072, 4096, 8),
+        ):
+            us = triton.testing.do_bench(lambda: stream_max(flat, seg, blk, w), rep=50) * 1e3
+            emit(
+                {
+                    "shape": [rows, length, k],
+                    "variant": f"stream_max s{seg} b{blk} w{w}",
+                    "us": round(us, 2),
+                    "x_roofline": round(us / roof, 2),
+                }
+            )
+        for name, cfg, path in variants:
+            if args.quick and name not in ("auto", "row", "multi"):
+                continue
+            if path == "row" and rows * length > 2**25 and name != "row":
+                continue
+            fn = lambda: topk.topk_indices(scores, k, config=cfg or None, path=path)  # noqa: E731
+            try:
+                got = fn()
+                ok = bool(torch.equal(got.long().sort(1).values, ref_sets))
+                us = triton.testing.do_bench(fn, rep=50) * 1e3
+                kt = kernel_times(fn)
+            except Exception as e:  # noqa: BLE001 - a variant that cannot launch is reported
+                emit({"shape": [rows, length, k], "variant": name, "error": repr(e)[:200]})
+                continue
+            emit(
+                {
+                    "shape": [rows, length, k],
+                    "variant": name,
+                    "exact": ok,
+                    "us": round(us, 2),
+                    "x_eager": round(eager_us / us, 2),
+                    "x_roofline": round(us / roof, 2),
+                    "kernels": kt,
+                }
+            )
+        print(f"-- {rows}x{length} k={k} done at {time.time() - t0:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
