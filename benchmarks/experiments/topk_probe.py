@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -21,7 +20,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from fxfuse.kernels import topk, topk_ref
+from fxfuse.kernels import topk
 
 COPY_BYTES_PER_US = 4.25e12 / 1e6
 
@@ -106,8 +105,10 @@ def main() -> int:
         scores = torch.randn(rows, length, device=dev, generator=g)
         roof = rows * length * 4 / COPY_BYTES_PER_US
         ref_sets = torch.topk(scores, k, dim=1).indices.sort(1).values
-        eager_us = triton.testing.do_bench(lambda: torch.topk(scores, k, dim=1), rep=50) * 1e3
-        amax_us = triton.testing.do_bench(lambda: scores.amax(1), rep=50) * 1e3
+        eager_us = (
+            triton.testing.do_bench(lambda s=scores, k=k: torch.topk(s, k, dim=1), rep=50) * 1e3
+        )
+        amax_us = triton.testing.do_bench(lambda s=scores: s.amax(1), rep=50) * 1e3
         emit(
             {
                 "shape": [rows, length, k],
@@ -124,7 +125,7 @@ def main() -> int:
             (8192, 2048, 8),
             (131072, 4096, 8),
         ):
-            us = triton.testing.do_bench(lambda: stream_max(flat, seg, blk, w), rep=50) * 1e3
+            us = triton.testing.do_bench(lambda a=(flat, seg, blk, w): stream_max(*a), rep=50) * 1e3
             emit(
                 {
                     "shape": [rows, length, k],
@@ -138,7 +139,10 @@ def main() -> int:
                 continue
             if path == "row" and rows * length > 2**25 and name != "row":
                 continue
-            fn = lambda: topk.topk_indices(scores, k, config=cfg or None, path=path)  # noqa: E731
+
+            def fn(s=scores, k=k, cfg=cfg, path=path):
+                return topk.topk_indices(s, k, config=cfg or None, path=path)
+
             try:
                 got = fn()
                 ok = bool(torch.equal(got.long().sort(1).values, ref_sets))
