@@ -66,10 +66,99 @@ def kernel_times(fn, calls=20):
     return out
 
 
+def tile_suite(emit, dev) -> None:
+    """The row path's register-tile mode against its streaming mode and torch (indices and the
+    bool mask), and its launch variants (warps, programs per SM)."""
+    shapes = [
+        (4096, 4096, 2048),
+        (4096, 4096, 512),
+        (16384, 2048, 256),
+        (1024, 8192, 2048),
+        (256, 16384, 2048),
+        (2048, 1024, 64),
+    ]
+    variants = [("stream", {"TILE_MAX": 1}), ("tile", {"TILE_MAX": 16384})]
+    for w in (4, 8, 16):
+        for per_sm in (2, 4, 8):
+            variants.append(
+                (
+                    f"tile_w{w}_p{per_sm}",
+                    {"TILE_MAX": 16384, "num_warps": w, "PROGRAMS_PER_SM": per_sm},
+                )
+            )
+    for rows, length, k in shapes:
+        g = torch.Generator(device=dev).manual_seed(rows + k)
+        scores = torch.randn(rows, length, device=dev, generator=g)
+        roof = rows * length * 4 / COPY_BYTES_PER_US
+        ref_sets = torch.topk(scores, k, dim=1).indices.sort(1).values
+        ref_mask = torch.ones_like(scores, dtype=torch.bool).scatter_(
+            1, torch.topk(scores, k, dim=1).indices, False
+        )
+
+        def eager(s=scores, k=k):
+            return torch.topk(s, k, dim=1)
+
+        def eager_mask(s=scores, k=k):
+            return torch.ones_like(s, dtype=torch.bool).scatter_(
+                1, torch.topk(s, k, dim=1).indices, False
+            )
+
+        for name, fn in (("torch.topk", eager), ("torch.topk+scatter", eager_mask)):
+            emit(
+                {
+                    "suite": "tile",
+                    "shape": [rows, length, k],
+                    "variant": name,
+                    "us": round(triton.testing.do_bench_cudagraph(fn, rep=30) * 1e3, 2),
+                    "roofline_us": round(roof, 2),
+                }
+            )
+        for name, cfg in variants:
+            for what in ("indices", "mask"):
+                if what == "mask" and name.startswith("tile_w") and length != 4096:
+                    continue
+
+                def fn(s=scores, k=k, cfg=cfg, what=what):
+                    if what == "mask":
+                        return topk.topk_mask(s, k, config=cfg)
+                    return topk.topk_indices(s, k, config=cfg, path="row")
+
+                try:
+                    got = fn()
+                    if what == "mask":
+                        ok = bool(torch.equal(got, ref_mask))
+                    else:
+                        ok = bool(torch.equal(got.long().sort(1).values, ref_sets))
+                    us = triton.testing.do_bench_cudagraph(fn, rep=30) * 1e3
+                except Exception as e:  # noqa: BLE001 - a variant that cannot launch is reported
+                    emit(
+                        {
+                            "suite": "tile",
+                            "shape": [rows, length, k],
+                            "variant": name,
+                            "what": what,
+                            "error": repr(e)[:200],
+                        }
+                    )
+                    continue
+                emit(
+                    {
+                        "suite": "tile",
+                        "shape": [rows, length, k],
+                        "variant": name,
+                        "what": what,
+                        "exact": ok,
+                        "us": round(us, 2),
+                        "x_roofline": round(us / roof, 2),
+                    }
+                )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--suite", default="paths", choices=("paths", "tile"))
     args = parser.parse_args()
     dev = torch.device("cuda")
     t0 = time.time()
@@ -82,6 +171,9 @@ def main() -> int:
             with open(args.out, "w") as f:
                 json.dump(results, f, indent=1)
 
+    if args.suite == "tile":
+        tile_suite(emit, dev)
+        return 0
     shapes = [
         (1, 8192, 512),
         (1, 131072, 2048),

@@ -424,6 +424,7 @@ def _topk_kernel(
     MASK_SELECTED: tl.constexpr,
     # meta-parameters
     BLOCK: tl.constexpr, CAP: tl.constexpr, K_PAD: tl.constexpr, RADIX_BITS: tl.constexpr,
+    TILE: tl.constexpr, TILE_BITS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -459,43 +460,78 @@ def _topk_kernel(
         if LENGTHS == LEN_MASKED:
             n = length - start
 
-        if EPILOGUE == EPI_MASK:
-            # Everything masked first; the selected columns are cleared in _finish.
-            width = length * MASK_REPEAT
-            masked = tl.full((BLOCK,), MASK_FILL, out_ptr.dtype.element_ty)
-            c = 0
-            while c < width:
-                cols = c + tl.arange(0, BLOCK)
-                tl.store(out_ptr + row64 * stride_or + cols, masked, mask=cols < width)
-                c += BLOCK
-
-        if STAGE == STAGE_MERGE:
-            # The row's segment results: num_segments · k pairs (key 0 = absent).
-            n_sel = _select(
-                keys_ptr, idx_ptr, row * num_segments * k, buf0, out_slots,
-                num_segments * k, k, BLOCK, RADIX_BITS,
-            )
+        if TILE > 0:
+            # The whole row in one register tile (STAGE_ROW, length <= TILE): keys, the exact
+            # select in registers, then the epilogue; no candidate buffer, no passes over it.
+            offs = tl.arange(0, TILE)
+            valid = offs < n
+            row_off = row64 * stride_sr + tl.cast(start, tl.int64) * stride_sl
+            x = tl.load(scores_ptr + row_off + offs * stride_sl, mask=offs < n_load, other=0.0)
+            key = _ordered_key(x, valid)
+            key = tl.where(valid & (offs >= n_load), NEG_INF_KEY, key)
+            if LENGTHS == LEN_POSITIONS:
+                forced = valid & ((offs < n_init) | (offs > last - n_local))
+                key = tl.where(forced, FORCED_KEY, key)
+            take = _take_top(key, offs, valid, n, k, TILE_BITS, RADIX_BITS)
+            if EPILOGUE == EPI_MASK:
+                # The mask row written once, densely: selected or masked per column.
+                REPEAT_PAD: tl.constexpr = triton.next_power_of_2(MASK_REPEAT)
+                j = tl.arange(0, REPEAT_PAD)[None, :]
+                value = tl.where(take[:, None], MASK_SELECTED, MASK_FILL)
+                tl.store(
+                    out_ptr + row64 * stride_or + offs[:, None] * MASK_REPEAT + j,
+                    value.to(out_ptr.dtype.element_ty),
+                    mask=(offs < length)[:, None] & (j < MASK_REPEAT),
+                )
+            else:
+                pos = out_slots + tl.cumsum(take.to(tl.int32), 0) - 1
+                tl.store(keys_ptr + pos, key.to(tl.int32, bitcast=True), mask=take)
+                tl.store(idx_ptr + pos, offs, mask=take)
+                _finish(
+                    keys_ptr, idx_ptr, out_slots, tl.minimum(n, k), k, pad, row, row64, item,
+                    p, last, out_ptr, pages_ptr, ctx_ptr, page_table_ptr, row_to_batch_ptr,
+                    pt_cols, stride_or, stride_pr, stride_ptb, stride_ptp,
+                    EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, LOG2_BLOCK, PAGES_PER_BLOCK,
+                    NUM_KV_HEADS, MASK_REPEAT, MASK_SELECTED, K_PAD,
+                )
         else:
-            idx_base = 0
-            if STAGE == STAGE_SEGMENT:
-                idx_base = (item % num_segments) * seg_len
-                n = tl.minimum(tl.maximum(n - idx_base, 0), seg_len)
-                n_load = tl.minimum(tl.maximum(n_load - idx_base, 0), seg_len)
-            row_off = row64 * stride_sr + tl.cast(start + idx_base, tl.int64) * stride_sl
-            count, src, dst = _stream(
-                scores_ptr, row_off, stride_sl, n, n_load, idx_base, keys_ptr, idx_ptr, buf0, buf1,
-                k,
-                last, n_init, n_local,
-                LENGTHS == LEN_POSITIONS, CAP, BLOCK, RADIX_BITS,
+            if EPILOGUE == EPI_MASK:
+                # Everything masked first; the selected columns are cleared in _finish.
+                width = length * MASK_REPEAT
+                masked = tl.full((BLOCK,), MASK_FILL, out_ptr.dtype.element_ty)
+                c = 0
+                while c < width:
+                    cols = c + tl.arange(0, BLOCK)
+                    tl.store(out_ptr + row64 * stride_or + cols, masked, mask=cols < width)
+                    c += BLOCK
+
+            if STAGE == STAGE_MERGE:
+                # The row's segment results: num_segments · k pairs (key 0 = absent).
+                n_sel = _select(
+                    keys_ptr, idx_ptr, row * num_segments * k, buf0, out_slots,
+                    num_segments * k, k, BLOCK, RADIX_BITS,
+                )
+            else:
+                idx_base = 0
+                if STAGE == STAGE_SEGMENT:
+                    idx_base = (item % num_segments) * seg_len
+                    n = tl.minimum(tl.maximum(n - idx_base, 0), seg_len)
+                    n_load = tl.minimum(tl.maximum(n_load - idx_base, 0), seg_len)
+                row_off = row64 * stride_sr + tl.cast(start + idx_base, tl.int64) * stride_sl
+                count, src, dst = _stream(
+                    scores_ptr, row_off, stride_sl, n, n_load, idx_base, keys_ptr, idx_ptr, buf0, buf1,
+                    k,
+                    last, n_init, n_local,
+                    LENGTHS == LEN_POSITIONS, CAP, BLOCK, RADIX_BITS,
+                )
+                n_sel = _select(keys_ptr, idx_ptr, src, dst, out_slots, count, k, BLOCK, RADIX_BITS)
+            _finish(
+                keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, item, p, last,
+                out_ptr, pages_ptr, ctx_ptr, page_table_ptr, row_to_batch_ptr, pt_cols,
+                stride_or, stride_pr, stride_ptb, stride_ptp,
+                EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, LOG2_BLOCK, PAGES_PER_BLOCK,
+                NUM_KV_HEADS, MASK_REPEAT, MASK_SELECTED, K_PAD,
             )
-            n_sel = _select(keys_ptr, idx_ptr, src, dst, out_slots, count, k, BLOCK, RADIX_BITS)
-        _finish(
-            keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, item, p, last,
-            out_ptr, pages_ptr, ctx_ptr, page_table_ptr, row_to_batch_ptr, pt_cols,
-            stride_or, stride_pr, stride_ptb, stride_ptp,
-            EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, LOG2_BLOCK, PAGES_PER_BLOCK,
-            NUM_KV_HEADS, MASK_REPEAT, MASK_SELECTED, K_PAD,
-        )
         item += num_programs
 
 
@@ -574,6 +610,26 @@ def _radix_edge_global(keys_ptr, base, count, need, BLOCK: tl.constexpr,
 
 
 @triton.jit
+def _take_top(key, idx, valid, m, k, idx_bits, RADIX_BITS: tl.constexpr):
+    """Mask of exactly the top min(k, m) of the m present (valid) pairs of a register tile,
+    lower index first among equal keys (indices distinct, < 2**idx_bits)."""
+    take = valid
+    if m > k:
+        prefix, s, need, in_bin = _radix_edge(key, valid, k, 32, RADIX_BITS)
+        above = valid & ((key >> s) > prefix)
+        tie = valid & ((key >> s) == prefix)
+        take_tie = tie
+        if in_bin != need:
+            # The k-th key itself is tied (s == 0): its `need` lowest indices win. Indices are
+            # distinct, so this descent always ends with a bin of exactly `need`.
+            rank = (idx ^ ((1 << idx_bits) - 1)).to(tl.uint32)
+            r_prefix, r_s, _, _ = _radix_edge(rank, tie, need, idx_bits, RADIX_BITS)
+            take_tie = tie & ((rank >> r_s) >= r_prefix)
+        take = above | take_tie
+    return take
+
+
+@triton.jit
 def _select_candidates(
     keys_ptr, idx_ptr, src, m, k, dst, idx_bits, CAP: tl.constexpr, RADIX_BITS: tl.constexpr,
 ):
@@ -584,17 +640,7 @@ def _select_candidates(
     key = tl.load(keys_ptr + src + offs, mask=valid, other=0, cache_modifier=".cg")
     key = key.to(tl.uint32, bitcast=True)
     idx = tl.load(idx_ptr + src + offs, mask=valid, other=0, cache_modifier=".cg")
-    prefix, s, need, in_bin = _radix_edge(key, valid, k, 32, RADIX_BITS)
-    above = valid & ((key >> s) > prefix)
-    tie = valid & ((key >> s) == prefix)
-    take_tie = tie
-    if in_bin != need:
-        # The k-th key itself is tied (s == 0): its `need` lowest indices win. Indices are
-        # distinct, so this descent always ends with a bin of exactly `need`.
-        rank = (idx ^ ((1 << idx_bits) - 1)).to(tl.uint32)
-        r_prefix, r_s, _, _ = _radix_edge(rank, tie, need, idx_bits, RADIX_BITS)
-        take_tie = tie & ((rank >> r_s) >= r_prefix)
-    take = above | take_tie
+    take = _take_top(key, idx, valid, m, k, idx_bits, RADIX_BITS)
     pos = dst + tl.cumsum(take.to(tl.int32), 0) - 1
     tl.store(keys_ptr + pos, key.to(tl.int32, bitcast=True), mask=take)
     tl.store(idx_ptr + pos, idx, mask=take)
@@ -832,7 +878,7 @@ def _topk_multi_kernel(
 # launchers
 
 KERNEL_NAME = "topk"
-CONFIG_FIELDS = ("BLOCK", "RADIX_BITS", "PROGRAMS_PER_SM", "num_warps")
+CONFIG_FIELDS = ("BLOCK", "RADIX_BITS", "PROGRAMS_PER_SM", "num_warps", "TILE_MAX")
 # The multi-program path: when it is taken (MIN_LENGTH, MIN_ELEMENTS = rows · length, MAX_ROWS:
 # beyond it the row path's one program per row already fills the GPU), its chunk, chunks per
 # segment, candidate capacity, sample size and warps.
@@ -849,6 +895,8 @@ PATH_ENV = "FXFUSE_TOPK_PATH"
 # Scratch of the multi-program path per launch group; more rows run as several groups.
 MULTI_SCRATCH_BYTES = 256 * 2**20
 MAX_K = 2048
+# The row path's register-tile mode (rows of length <= the table's TILE_MAX): at most this.
+MAX_TILE = 16384
 INDEX_DTYPES = (torch.int32, torch.int64)
 # The interpreter runs programs one after another: a small persistent grid suffices.
 CPU_PROGRAMS = 2
@@ -922,6 +970,7 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     check("BLOCK", lambda v: v >= 16 and pow2(v), "a power of 2 >= 16")
     check("RADIX_BITS", lambda v: 4 <= v <= 8, "in 4..8")
     check("PROGRAMS_PER_SM", lambda v: v >= 1, "a positive int")
+    check("TILE_MAX", lambda v: pow2(v) and v <= MAX_TILE, f"a power of 2 <= {MAX_TILE}")
     for name in ("num_warps", "MULTI_WARPS"):
         check(name, lambda v: v in launch_tables.NUM_WARPS, f"one of {launch_tables.NUM_WARPS}")
     check("SEGMENTS", lambda v: v >= 0, "a non-negative int")
@@ -996,12 +1045,14 @@ def _launch(
             row_starts=row_starts, pad=pad, page_table=page_table, page_size=page_size,
             row_to_batch=row_to_batch,
         )  # fmt: skip
-    block, radix, per_sm, warps = (cfg[f] for f in CONFIG_FIELDS)
+    block, radix, per_sm, warps, tile_max = (cfg[f] for f in CONFIG_FIELDS)
     k_pad = triton.next_power_of_2(k)
-    # The buffer keeps up to CAP - BLOCK pairs after a compaction, so a whole chunk always fits.
-    cap = 2 * block + k_pad
     slots = _num_programs(device, per_sm)
     segments = _num_segments(cfg, rows, length, k_pad, slots, positions is None)
+    # Whole rows that fit a register tile skip the candidate buffer (kernel docstring).
+    tile = triton.next_power_of_2(length) if segments == 1 and length <= tile_max else 0
+    # The buffer keeps up to CAP - BLOCK pairs after a compaction, so a whole chunk always fits.
+    cap = 0 if tile else 2 * block + k_pad
     seg_len = triton.cdiv(length, segments)
     pair_area = rows * segments * k if segments > 1 else 0
     merge_cap = segments * k
@@ -1066,6 +1117,8 @@ def _launch(
             EPILOGUE=epi,
             SORT=srt,
             CAP=cap_,
+            TILE=tile,
+            TILE_BITS=max(1, tile.bit_length() - 1),
             **common,
         )
 

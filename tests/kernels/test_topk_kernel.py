@@ -15,8 +15,21 @@ from fxfuse.kernels import topk, topk_ref
 from fxfuse.runtime import launch_tables
 
 # BLOCK 128, k <= 64: CAP = 2·128 + k_pad, so rows of a few hundred compact at least once.
-SMALL = {"BLOCK": 128}
-TINY = {"BLOCK": 16}
+# Each test runs twice: rows streamed through the candidate buffer (TILE_MAX 1: no row fits a
+# tile) and rows taken whole as one register tile (TILE_MAX 16384: every test row fits).
+SMALL = {"BLOCK": 128, "TILE_MAX": 1}
+TINY = {"BLOCK": 16, "TILE_MAX": 1}
+TILE = {"TILE_MAX": 16384}
+
+
+@pytest.fixture(params=["stream", "tile"])
+def small(request):
+    return SMALL if request.param == "stream" else {**SMALL, **TILE}
+
+
+@pytest.fixture(params=["stream", "tile"])
+def tiny(request):
+    return TINY if request.param == "stream" else {**TINY, **TILE}
 
 
 def _set(t: torch.Tensor) -> torch.Tensor:
@@ -72,9 +85,9 @@ def test_keys_order_preserving():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("sorted", [False, True])
-def test_random_rows(dtype, sorted):
+def test_random_rows(dtype, sorted, small):
     scores = torch.randn(5, 777).to(dtype)
-    out = topk.topk_indices(scores, 48, sorted=sorted, config=SMALL)
+    out = topk.topk_indices(scores, 48, sorted=sorted, config=small)
     _check_indices(scores, 48, out, sorted=sorted)
 
 
@@ -117,20 +130,20 @@ ADVERSARIAL = [
 
 
 @pytest.mark.parametrize("name", ADVERSARIAL)
-def test_adversarial_rows(name):
+def test_adversarial_rows(name, small):
     scores = _adversarial(name, 2, 500)
     for sorted in (False, True):
-        out = topk.topk_indices(scores, 40, sorted=sorted, config=SMALL)
+        out = topk.topk_indices(scores, 40, sorted=sorted, config=small)
         _check_indices(scores, 40, out, sorted=sorted)
 
 
-def test_bf16_ties():
+def test_bf16_ties(small):
     scores = torch.randint(0, 4, (3, 400)).to(torch.bfloat16) * 0.125
-    out = topk.topk_indices(scores, 64, sorted=True, config=SMALL)
+    out = topk.topk_indices(scores, 64, sorted=True, config=small)
     _check_indices(scores, 64, out, sorted=True)
 
 
-def test_lengths_around_k_and_chunk_edges():
+def test_lengths_around_k_and_chunk_edges(tiny):
     k, block = 24, 16
     cap = 2 * block + 32  # the kernel's CAP for k_pad 32
     # k-1, k, k+1; the chunk size and its neighbours; the buffer capacity and its neighbours.
@@ -139,7 +152,7 @@ def test_lengths_around_k_and_chunk_edges():
     scores[1::2, ::4] = 0.5  # ties across the threshold in every other row
     lengths = torch.tensor(lens, dtype=torch.int32)
     for sorted in (False, True):
-        out = topk.topk_indices(scores, k, lengths, sorted=sorted, config=TINY)
+        out = topk.topk_indices(scores, k, lengths, sorted=sorted, config=tiny)
         ref = _check_indices(scores, k, out, lengths, sorted=sorted)
         # short rows: the identity, then padding
         if not sorted:
@@ -147,23 +160,23 @@ def test_lengths_around_k_and_chunk_edges():
         assert (ref[0] == -1).all()
 
 
-def test_row_starts_and_pad():
+def test_row_starts_and_pad(small):
     scores = torch.randn(4, 600)
     starts = torch.tensor([0, 100, 550, 700], dtype=torch.int64)  # the last is clamped to L
     lengths = torch.tensor([600, 300, 100, 10], dtype=torch.int64)
-    out = topk.topk_indices(scores, 32, lengths, starts, pad=600, config=SMALL)
+    out = topk.topk_indices(scores, 32, lengths, starts, pad=600, config=small)
     _check_indices(scores, 32, out, lengths, starts, pad=600)
     assert ((out[2] >= 0) & (out[2] < 50)).all()  # row 2 is clamped to the 50 scores left
     assert (out[3] == 600).all()
 
 
-def test_odd_strides():
+def test_odd_strides(small):
     base = torch.randn(6, 1001)
     scores = base[:, 3:503]  # row stride 1001 (not a multiple of 4), unaligned start
-    out = topk.topk_indices(scores, 20, sorted=True, config=SMALL)
+    out = topk.topk_indices(scores, 20, sorted=True, config=small)
     _check_indices(scores, 20, out, sorted=True)
     transposed = torch.randn(300, 3).t()  # column stride 3
-    out = topk.topk_indices(transposed, 20, config=SMALL)
+    out = topk.topk_indices(transposed, 20, config=small)
     _check_indices(transposed, 20, out)
 
 
@@ -175,13 +188,13 @@ def test_default_config_k_2048():
 
 
 @pytest.mark.parametrize("segments", [2, 3])
-def test_split_rows(segments):
+def test_split_rows(segments, small):
     scores = torch.randn(2, 700)
     scores[1, :] = 1.0  # ties across every segment: the lowest indices must win
     lengths = torch.tensor([700, 650], dtype=torch.int32)
     for sorted in (False, True):
         out = topk.topk_indices(
-            scores, 50, lengths, sorted=sorted, config={**SMALL, "SEGMENTS": segments}
+            scores, 50, lengths, sorted=sorted, config={**small, "SEGMENTS": segments}
         )
         _check_indices(scores, 50, out, lengths, sorted=sorted)
 
@@ -191,7 +204,7 @@ def test_split_rows(segments):
 
 
 @pytest.mark.parametrize("page_size", [1, 16, 64])
-def test_page_transform(page_size):
+def test_page_transform(page_size, small):
     rows, length, batches = 5, 512, 3
     scores = torch.randn(rows, length)
     lengths = torch.tensor([512, 300, 17, 5, 0], dtype=torch.int32)
@@ -203,7 +216,7 @@ def test_page_transform(page_size):
     table = table.to(torch.int32)
     for sorted in (False, True):
         out = topk.topk_page_transform(
-            scores, 32, lengths, table, page_size, starts, row_to_batch, sorted, config=SMALL
+            scores, 32, lengths, table, page_size, starts, row_to_batch, sorted, config=small
         )
         ref = topk_ref.topk_page_transform_ref(
             scores, 32, lengths, table, page_size, starts, row_to_batch, sorted
@@ -222,11 +235,11 @@ def test_page_transform(page_size):
     assert torch.equal(back, idx[valid].long())
 
 
-def test_page_transform_without_row_to_batch_and_out_of_table():
+def test_page_transform_without_row_to_batch_and_out_of_table(small):
     scores = torch.randn(2, 128)
     lengths = torch.tensor([128, 128])
     table = torch.arange(2 * 4, dtype=torch.int64).reshape(2, 4) * 10  # covers 64 of 128
-    out = topk.topk_page_transform(scores, 100, lengths, table, 16, config=SMALL)
+    out = topk.topk_page_transform(scores, 100, lengths, table, 16, config=small)
     ref = topk_ref.topk_page_transform_ref(scores, 100, lengths, table, 16)
     assert torch.equal(_set(out), _set(ref))
     idx = topk_ref.topk_indices_ref(scores, 100, lengths, sorted=True)
@@ -247,11 +260,11 @@ def _block_case(q=6, heads=2, blocks=40):
 @pytest.mark.parametrize(
     "n_init,n_local,ppb", [(1, 1, None), (0, 0, None), (2, 3, 2), (1, 2, 1), (4, 4, 8)]
 )
-def test_block_table(n_init, n_local, ppb):
+def test_block_table(n_init, n_local, ppb, tiny):
     scores, positions, heads = _block_case()
     k = 8
     blocks, pages, ctx = topk.topk_block_table(
-        scores, k, positions, 128, n_init, n_local, ppb, heads, config=TINY
+        scores, k, positions, 128, n_init, n_local, ppb, heads, config=tiny
     )
     rblocks, rpages, rctx = topk_ref.topk_block_table_ref(
         scores, k, positions, 128, n_init, n_local, ppb, heads
@@ -286,41 +299,41 @@ def test_block_table_3d_and_ctx():
 
 @pytest.mark.parametrize("kind", ["bool", "additive"])
 @pytest.mark.parametrize("block_size", [1, 4])
-def test_mask(kind, block_size):
+def test_mask(kind, block_size, small):
     scores = torch.randn(3, 200).to(torch.bfloat16)
     lengths = torch.tensor([200, 10, 150])
-    out = topk.topk_mask(scores, 24, lengths, kind, block_size, config=SMALL)
+    out = topk.topk_mask(scores, 24, lengths, kind, block_size, config=small)
     ref = topk_ref.topk_mask_ref(scores, 24, lengths, kind, block_size)
     assert out.dtype == ref.dtype and torch.equal(out, ref)
 
 
-def test_mask_additive_dtype():
+def test_mask_additive_dtype(tiny):
     scores = torch.randn(2, 64)
-    out = topk.topk_mask(scores, 8, kind="additive", dtype=torch.float16, config=TINY)
+    out = topk.topk_mask(scores, 8, kind="additive", dtype=torch.float16, config=tiny)
     assert out.dtype == torch.float16
     assert torch.equal(out, topk_ref.topk_mask_ref(scores, 8, kind="additive", dtype=torch.float16))
 
 
-def test_mask_keep_and_custom_values():
+def test_mask_keep_and_custom_values(tiny):
     scores = torch.randn(3, 90)
     lengths = torch.tensor([90, 5, 40])
-    keep = topk.topk_mask(scores, 12, lengths, "keep", 2, config=TINY)
+    keep = topk.topk_mask(scores, 12, lengths, "keep", 2, config=tiny)
     assert keep.dtype == torch.bool
     assert torch.equal(keep, topk_ref.topk_mask_ref(scores, 12, lengths, "keep", 2))
     assert torch.equal(keep, ~topk_ref.topk_mask_ref(scores, 12, lengths, "bool", 2))
     # HF's finfo.min bias, and a selection-weight mask
     low = torch.finfo(torch.bfloat16).min
     bias = topk.topk_mask(scores, 12, kind="additive", dtype=torch.bfloat16, masked_value=low,
-                          config=TINY)  # fmt: skip
+                          config=tiny)  # fmt: skip
     ref = topk_ref.topk_mask_ref(scores, 12, None, "additive", 1, torch.bfloat16, low)
     assert torch.equal(bias, ref) and (bias == low).sum() == 3 * (90 - 12)
     weights = topk.topk_mask(scores, 12, kind="additive", masked_value=0.0, selected_value=1.0,
-                             config=TINY)  # fmt: skip
+                             config=tiny)  # fmt: skip
     assert torch.equal(weights.sum(1), torch.full((3,), 12.0))
 
 
 @pytest.mark.parametrize("kind", ["bool", "additive"])
-def test_mask_masked_tail(kind):
+def test_mask_masked_tail(kind, small):
     """masked_tail: the kernel does not read past lengths[r] but ranks those columns as -inf,
     exactly as top-k over scores.masked_fill(cols >= lengths, -inf) does."""
     scores = torch.randn(5, 300)
@@ -328,7 +341,7 @@ def test_mask_masked_tail(kind):
     lengths = torch.tensor([300, 5, 0, 150, 11])
     for segments in (1, 3):
         out = topk.topk_mask(scores, 20, lengths, kind, masked_tail=True,
-                             config={**SMALL, "SEGMENTS": segments})  # fmt: skip
+                             config={**small, "SEGMENTS": segments})  # fmt: skip
         ref = topk_ref.topk_mask_ref(scores, 20, lengths, kind, masked_tail=True)
         assert torch.equal(out, ref)
     selected = (out == 0) if kind == "additive" else ~out
@@ -340,11 +353,11 @@ def test_mask_masked_tail(kind):
     assert torch.equal(ours, values)  # the same multiset of scores as torch.topk
 
 
-def test_page_transform_pad():
+def test_page_transform_pad(tiny):
     scores = torch.randn(3, 64)
     lengths = torch.tensor([64, 3, 0])
     table = torch.randperm(12).reshape(3, 4).to(torch.int32)
-    out = topk.topk_page_transform(scores, 8, lengths, table, 16, pad=-7, config=TINY)
+    out = topk.topk_page_transform(scores, 8, lengths, table, 16, pad=-7, config=tiny)
     ref = topk_ref.topk_page_transform_ref(scores, 8, lengths, table, 16, pad=-7)
     assert torch.equal(_set(out), _set(ref)) and (out[2] == -7).all() and (out[1] == -7).sum() == 5
 
