@@ -672,24 +672,12 @@ def _mask_values(m: Match) -> tuple[torch.dtype, float, float] | str:
     return final, values[0], values[1]
 
 
-# A mask over a row whose top-k is a large share of it: the row kernel's candidate buffer then
-# holds most of the row, and torch's radix top-k + scatter is faster (H200, 2026-12-03: 4096 ×
-# 4096, k 2048, 1014 µs fused vs ~500 µs for the unfused chain; 256 × 16384, k 2048, the fused
-# mask 1.65× faster). Not fired when k ≥ MASK_DENSE_MIN_K and 4·k > L (1/4: between the two).
-MASK_DENSE_MIN_K = 512
-
-
 def mask_guard(m: Match, ctx) -> str | None:
     reason = _check_topk(m, m["scores"], 1) or _inplace_reason(m)
     if reason:
         return reason
     scores = val(m["scores"])
     length = static_int(scores.shape[-1])
-    if m["k"] >= MASK_DENSE_MIN_K and 4 * m["k"] > length:
-        return (
-            f"k = {m['k']} is over a quarter of the row ({length}): the unfused radix top-k "
-            "is faster there"
-        )
     if not is_last_dim(m["scatter_dim"], scores.dim()):
         return f"the indices are scattered along dim {m['scatter_dim']}, not the last"
     base = val(m.get("base") or m.get("base_ones") or m.get("base_zeros"))
