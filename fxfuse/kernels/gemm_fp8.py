@@ -324,9 +324,11 @@ CONFIG_FIELDS = (
 CONFIG_DEFAULTS = {"SWAP_AB": 0}
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ROW_AMAX_MODES = ("auto", "kernel", "prepass")
-# Per-token prequant: up to this many rows the GEMM finds the row amax itself (each program
-# re-reads its rows of x, cheap next to its weight slab); above it a pre-pass kernel does.
-ROW_AMAX_IN_KERNEL_MAX_M = 4
+# Per-token prequant: up to this K the GEMM finds the row amax itself (each program re-reads its
+# rows of x before its main loop); above it a pre-pass kernel does (one more launch). The cost
+# of the re-read grows with K, not M (H200, CUDA graphs, benchmarks/experiments/prequant_amax.py,
+# M 1-32: in-kernel 4-6 us faster at K 1536-2304, 7-8 us slower at K 7168).
+ROW_AMAX_IN_KERNEL_MAX_K = 2304
 _TL_FP8 = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e4m3fnuz: tl.float8e4b8}
 # Split-K counters: one zeroed int32 buffer per (device, stream), reset by the kernels themselves.
 _LOCKS: dict = {}
@@ -613,7 +615,7 @@ def gemm_a16w8(
     scale_out = torch.empty_like(x_scale_like) if return_quant else None
     if group_size:
         a_kind, a_scale = A_GROUP, x_scale_like  # unused by the kernel: scales come from tiles
-    elif row_amax == "kernel" or (row_amax == "auto" and m <= ROW_AMAX_IN_KERNEL_MAX_M):
+    elif row_amax == "kernel" or (row_amax == "auto" and k <= ROW_AMAX_IN_KERNEL_MAX_K):
         a_kind, a_scale = A_ROW_AMAX, x_scale_like
     else:
         a_kind = A_ROW_PRESCALED
