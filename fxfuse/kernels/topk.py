@@ -25,6 +25,11 @@ Per row, one program (a persistent grid walks the rows), in three phases:
    (key desc, index asc) packed in a uint64, or by index for block tables), and the epilogue
    writes every one of the k slots: indices / page ids, block ids + page ids + ctx length, or
    the mask scatter (the mask row was filled with "masked" before phase 1).
+Rows that fit a register tile (length <= the table's TILE_MAX, and not split): phases 1–2 are
+one load of the whole row as a tile, its keys, and the same radix descent (then the index
+bits among the k-th key's ties) in registers; the selected pairs go to the program's slots for
+phase 3, and a mask row is written once, densely (selected or masked per column), instead of
+filled and then scattered. No candidate buffer, no passes over global memory.
 Few long rows: phases 1–2 run per segment of a row (STAGE_SEGMENT, one program per segment,
 exact top-k per segment into a pair area), then one program per row selects the top-k of the
 union (STAGE_MERGE). Ties stay exact: the merge breaks them by index bits.
