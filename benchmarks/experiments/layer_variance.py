@@ -38,6 +38,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quant", default="fp8_rowwise")
     parser.add_argument("--m", type=int, default=4096)
+    parser.add_argument("--backends", default="inductor,fxfuse")
+    parser.add_argument(
+        "--host",
+        action="store_true",
+        help="also time the host's issue of 10 calls (no sync) against their wall",
+    )
     args = parser.parse_args()
     dev = torch.device("cuda")
     cfg = bench_layer.model_config("deepseek_v32", args.quant, 1, dry_run=False)
@@ -45,8 +51,25 @@ def main() -> int:
     (x,) = deepseek_v32.example_inputs(cfg, batch=1, seq=args.m, device=dev, seed=args.m)
     fns = {}
     with torch.no_grad():
-        for backend in ("inductor", "fxfuse"):
+        for backend in args.backends.split(","):
             fns[backend] = bench_layer.compiled(model, backend, x)[0]
+        if args.host:
+            import time
+
+            for rnd in range(3):
+                for backend, fn in fns.items():
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(10):
+                        fn(x)
+                    t1 = time.perf_counter()
+                    torch.cuda.synchronize()
+                    t2 = time.perf_counter()
+                    print(
+                        f"host {rnd} {backend:9s} issue {1e5 * (t1 - t0):9.1f} us/call  "
+                        f"wall {1e5 * (t2 - t0):9.1f} us/call",
+                        flush=True,
+                    )
         for rnd in range(4):
             for backend, fn in fns.items():
                 s0 = torch.cuda.memory_stats()
