@@ -145,6 +145,19 @@ def _ordered_key(x, valid):
 
 
 @triton.jit
+def _row_keys(x, offs, idx, valid, n_load, last, n_init, n_local, FORCED: tl.constexpr):
+    """Keys of a row window's elements offs (row indices idx): elements n_load <= offs < n are
+    not read and rank as -inf; with FORCED (block tables) the first n_init and last n_local
+    blocks up to `last` get FORCED_KEY."""
+    key = _ordered_key(x, valid)
+    key = tl.where(valid & (offs >= n_load), NEG_INF_KEY, key)
+    if FORCED:
+        forced = valid & ((idx < n_init) | (idx > last - n_local))
+        key = tl.where(forced, FORCED_KEY, key)
+    return key
+
+
+@triton.jit
 def _pick_bin(hist, need, NUM_BINS: tl.constexpr):
     """The bin b holding the need-th largest element: (b, #above b, #in b); b = -1 if fewer."""
     bins = tl.arange(0, NUM_BINS)
@@ -251,12 +264,8 @@ def _stream(
         x_next = tl.load(
             scores_ptr + row_off + offs_next * stride_sl, mask=offs_next < n_load, other=0.0
         )
-        key = _ordered_key(x, valid)
-        key = tl.where(valid & (offs >= n_load), NEG_INF_KEY, key)
         idx = idx_base + offs
-        if FORCED:
-            forced = valid & ((idx < n_init) | (idx > last - n_local))
-            key = tl.where(forced, FORCED_KEY, key)
+        key = _row_keys(x, offs, idx, valid, n_load, last, n_init, n_local, FORCED)
         cand = key >= lo
         n_cand = tl.sum(cand.to(tl.int32), 0)
         if count + n_cand > CAP:
@@ -472,14 +481,13 @@ def _topk_kernel(
             valid = offs < n
             row_off = row64 * stride_sr + tl.cast(start, tl.int64) * stride_sl
             x = tl.load(scores_ptr + row_off + offs * stride_sl, mask=offs < n_load, other=0.0)
-            key = _ordered_key(x, valid)
-            key = tl.where(valid & (offs >= n_load), NEG_INF_KEY, key)
-            if LENGTHS == LEN_POSITIONS:
-                forced = valid & ((offs < n_init) | (offs > last - n_local))
-                key = tl.where(forced, FORCED_KEY, key)
+            key = _row_keys(
+                x, offs, offs, valid, n_load, last, n_init, n_local, LENGTHS == LEN_POSITIONS
+            )
             take = _take_top(key, offs, valid, n, k, TILE_BITS, RADIX_BITS)
             if EPILOGUE == EPI_MASK:
-                # The mask row written once, densely: selected or masked per column.
+                # The mask row written once, densely: selected or masked per column (no
+                # _finish below).
                 REPEAT_PAD: tl.constexpr = triton.next_power_of_2(MASK_REPEAT)
                 j = tl.arange(0, REPEAT_PAD)[None, :]
                 value = tl.where(take[:, None], MASK_SELECTED, MASK_FILL)
@@ -492,13 +500,7 @@ def _topk_kernel(
                 pos = out_slots + tl.cumsum(take.to(tl.int32), 0) - 1
                 tl.store(keys_ptr + pos, key.to(tl.int32, bitcast=True), mask=take)
                 tl.store(idx_ptr + pos, offs, mask=take)
-                _finish(
-                    keys_ptr, idx_ptr, out_slots, tl.minimum(n, k), k, pad, row, row64, item,
-                    p, last, out_ptr, pages_ptr, ctx_ptr, page_table_ptr, row_to_batch_ptr,
-                    pt_cols, stride_or, stride_pr, stride_ptb, stride_ptp,
-                    EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, LOG2_BLOCK, PAGES_PER_BLOCK,
-                    NUM_KV_HEADS, MASK_REPEAT, MASK_SELECTED, K_PAD,
-                )
+                n_sel = tl.minimum(n, k)
         else:
             if EPILOGUE == EPI_MASK:
                 # Everything masked first; the selected columns are cleared in _finish.
@@ -530,6 +532,7 @@ def _topk_kernel(
                     LENGTHS == LEN_POSITIONS, CAP, BLOCK, RADIX_BITS,
                 )
                 n_sel = _select(keys_ptr, idx_ptr, src, dst, out_slots, count, k, BLOCK, RADIX_BITS)
+        if (EPILOGUE != EPI_MASK) | (TILE == 0):
             _finish(
                 keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, item, p, last,
                 out_ptr, pages_ptr, ctx_ptr, page_table_ptr, row_to_batch_ptr, pt_cols,
