@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -27,3 +28,19 @@ def use_triton(*tensors: torch.Tensor) -> bool:
     if devices == {"cuda"}:
         return True
     return devices == {"cpu"} and interpreting()
+
+
+# Who runs a GEMM that has a vendor path (the A8W8 GEMMs through torch._scaled_mm, GEMM → split →
+# cat through torch.bmm): the launch table `<kernel>_backend.json` per shape, or an override.
+BACKEND_TRITON = 1
+BACKEND_VENDOR = 2  # cuBLAS(Lt) on NVIDIA, hipBLAS(Lt) on ROCm, through torch
+GEMM_BACKEND_ENV = "FXFUSE_GEMM_BACKEND"
+GEMM_BACKENDS = ("auto", "triton", "vendor")
+
+
+def gemm_backend_override() -> str:
+    """FXFUSE_GEMM_BACKEND: "auto" (the launch table decides, the default), "triton" or "vendor"."""
+    value = os.environ.get(GEMM_BACKEND_ENV, "").strip() or "auto"
+    if value not in GEMM_BACKENDS:
+        raise ValueError(f"{GEMM_BACKEND_ENV}: unknown value {value!r}; expected one of {GEMM_BACKENDS}")
+    return value

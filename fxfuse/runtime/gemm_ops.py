@@ -20,14 +20,20 @@ Without Triton (CPU, no interpreter) every op runs its torch reference.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
 from fxfuse.kernels import gemm_ref
 from fxfuse.kernels.rms_norm_quant_ref import quant_fp8_ref, quant_mxfp4_ref
 from fxfuse.runtime import launch_tables, norm_quant_ops
-from fxfuse.runtime.dispatch import use_triton
+from fxfuse.runtime.dispatch import (  # noqa: F401 - the backend names are also read from here
+    BACKEND_TRITON,
+    BACKEND_VENDOR,
+    GEMM_BACKEND_ENV,
+    GEMM_BACKENDS,
+    gemm_backend_override,
+    use_triton,
+)
 from fxfuse.runtime.target import detect_target, interpreting
 
 
@@ -44,20 +50,6 @@ def _mxfp4_kernels():
 
 
 # --- canonical GEMMs ----------------------------------------------------------------------------
-
-
-BACKEND_TRITON = 1
-BACKEND_VENDOR = 2  # torch._scaled_mm: cuBLASLt on NVIDIA, hipBLASLt on ROCm
-GEMM_BACKEND_ENV = "FXFUSE_GEMM_BACKEND"
-GEMM_BACKENDS = ("auto", "triton", "vendor")
-
-
-def gemm_backend_override() -> str:
-    """FXFUSE_GEMM_BACKEND: "auto" (the launch table decides, the default), "triton" or "vendor"."""
-    value = os.environ.get(GEMM_BACKEND_ENV, "").strip() or "auto"
-    if value not in GEMM_BACKENDS:
-        raise ValueError(f"{GEMM_BACKEND_ENV}: unknown value {value!r}; expected one of {GEMM_BACKENDS}")
-    return value
 
 
 def _vendor_rowwise_ok(q, x_scale, w, w_scale, out_dtype) -> bool:
