@@ -4,10 +4,13 @@
     PYTHONPATH=. python benchmarks/bench_gemm_split_cat.py --out $OUT --sweep    # + sm90 launch table
     PYTHONPATH=. python benchmarks/bench_gemm_split_cat.py --cpu-smoke           # interpreter, tiny
 
-Every case is checked first (≤ 1e-2 relative to a float64 GEMM, the y slice bit-exact). The peers
-compute what the model spells: c2 stays a view of the GEMM output, so the chain moves no byte more
-than the GEMM plus the cat. Bar (PERFORMANCE.md): ≤ 1.1× the GEMM alone and ≥ 1.25× Inductor's
-chain at M ≥ 8192.
+Every case is checked first under each backend (≤ 1e-2 relative to a float64 GEMM, the y slice
+bit-exact). "fxfuse" is the op a rewritten graph calls (`torch.ops.fxfuse.gemm_split_cat`, whose
+backend table picks the Triton kernel or the vendor bmm path); "triton" and "vendor" are the same
+op with FXFUSE_GEMM_BACKEND forcing one. The peers compute what the model spells: c2 stays a view
+of the GEMM output, so the chain moves no byte more than the GEMM plus the cat. Bar
+(PERFORMANCE.md): ≤ 1.1× the GEMM alone and ≥ 1.25× Inductor's chain at M ≥ 8192. The kv_a rows
+(GEMM → split, no cat: `fxfuse.gemm_split`) time each backend against the GEMM alone.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import triton
 import triton.testing
 
 from fxfuse.kernels.gemm_split_cat import gemm_split, gemm_split_cat
+from fxfuse.runtime import dispatch, gemm_split_cat_ops
 
 SUITE = "gemm_split_cat"
 COPY_BYTES_PER_S = 4.25e12  # measured copy ceiling on the H200 (PERFORMANCE.md)
@@ -129,10 +133,42 @@ def fused_call(config=None):
     return call
 
 
+def op_call(i):
+    """The op a rewritten graph calls: the backend table (or FXFUSE_GEMM_BACKEND) picks."""
+    return torch.ops.fxfuse.gemm_split_cat(i["x"], i["w"], i["d"], i["s1"], i["s2"], i["y"])
+
+
+def with_backend(choice: str | None, fn):
+    """fn run with FXFUSE_GEMM_BACKEND=choice (None: unset), the environment restored after."""
+    saved = os.environ.pop(dispatch.GEMM_BACKEND_ENV, None)
+    if choice:
+        os.environ[dispatch.GEMM_BACKEND_ENV] = choice
+    try:
+        return fn()
+    finally:
+        os.environ.pop(dispatch.GEMM_BACKEND_ENV, None)
+        if saved is not None:
+            os.environ[dispatch.GEMM_BACKEND_ENV] = saved
+
+
+def check_op(inputs: dict, choice: str | None) -> float:
+    """check() of the op under one backend choice."""
+    x, w, d, s1, s2, y = (inputs[key] for key in ("x", "w", "d", "s1", "s2", "y"))
+    out, c2 = with_backend(choice, lambda: op_call(inputs))
+    c = (x.double() @ w.double().T).view(x.shape[0], d, s1 + s2)
+    errors = [
+        ((out[..., :s1].double() - c[..., :s1]).norm() / c[..., :s1].norm()).item(),
+        ((c2.double() - c[..., s1:]).norm() / c[..., s1:].norm()).item(),
+    ]
+    if max(errors) > 1e-2 or not torch.equal(out[..., s1:], y):
+        raise AssertionError(f"gemm_split_cat op wrong under {choice}: rel errors {errors}")
+    return max(errors)
+
+
 def bench_case(name: str, m: int, shape: dict, compiled_chain, device) -> dict:
     sets = input_sets(m, shape, device)
-    error = check(sets[0])
-    fused = rotating(sets, fused_call())
+    error = max(check_op(sets[0], choice) for choice in (None, "triton", "vendor"))
+    fused = rotating(sets, op_call)
     peers = {
         "eager": rotating(sets, lambda i: chain(i["x"], i["w"], i["d"], i["s1"], i["s2"], i["y"])),
         "inductor": rotating(
@@ -148,6 +184,9 @@ def bench_case(name: str, m: int, shape: dict, compiled_chain, device) -> dict:
     fused_us = time_us(fused, graph)
     peers_us = {peer: time_us(fn, graph) for peer, fn in peers.items()}
     repeat_us = time_us(fused, graph)  # the same thing twice: the spread is the noise floor
+    backends_us = {
+        choice: with_backend(choice, lambda: time_us(fused, graph)) for choice in ("triton", "vendor")
+    }
     n = shape["d"] * (shape["s1"] + shape["s2"])
     return {
         "case": name,
@@ -155,6 +194,10 @@ def bench_case(name: str, m: int, shape: dict, compiled_chain, device) -> dict:
         "fxfuse_us": round(fused_us, 2),
         "fxfuse_repeat_us": round(repeat_us, 2),
         "peers_us": {peer: round(us, 2) for peer, us in peers_us.items()},
+        # the op with each implementation forced (FXFUSE_GEMM_BACKEND); fxfuse_us is the table's
+        "backends_us": {choice: round(us, 2) for choice, us in backends_us.items()},
+        "backend_chosen": "vendor" if with_backend(None, lambda: gemm_split_cat_ops._use_vendor(
+            sets[0]["x"], sets[0]["w"])) else "triton",
         "roofline_us": round(roofline_us(m, shape, sets[0]), 2),
         "timing": "cudagraph" if graph else "do_bench",
         "fxfuse_do_bench_us": round(fused_host_us, 2),  # with the host's launch overhead
@@ -162,11 +205,39 @@ def bench_case(name: str, m: int, shape: dict, compiled_chain, device) -> dict:
     }
 
 
+# DeepSeek-R1 MLA kv_a: 7168 → 576 = 512 (kv latent) | 64 (rope), D = 1, both pieces copied.
+KV_A = {"k": 7168, "sizes": [512, 64]}
+KV_A_MS = (1, 32, 1024, 8192)
+
+
+def bench_split_case(m: int, device) -> dict:
+    k, sizes = KV_A["k"], KV_A["sizes"]
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    w = torch.randn(sum(sizes), k, dtype=torch.bfloat16, device=device) / math.sqrt(k)
+    ref = torch.split((x.double() @ w.double().T).view(m, 1, -1), sizes, dim=-1)
+    times = {}
+    for choice in ("triton", "vendor"):
+        pieces = with_backend(choice, lambda: torch.ops.fxfuse.gemm_split(x, w, 1, sizes))
+        for piece, want in zip(pieces, ref):
+            error = ((piece.double() - want).norm() / want.norm()).item()
+            if error > 1e-2:
+                raise AssertionError(f"gemm_split wrong under {choice}: rel error {error}")
+        call = lambda: torch.ops.fxfuse.gemm_split(x, w, 1, sizes)  # noqa: E731
+        times[choice] = with_backend(choice, lambda: time_us(call, graph=True))
+    times["gemm_alone"] = time_us(lambda: F.linear(x, w), graph=True)
+    times["eager"] = time_us(
+        lambda: [p.contiguous() for p in torch.split(F.linear(x, w), sizes, dim=-1)], graph=True
+    )
+    print(f"kv_a m={m:>6}  " + "  ".join(f"{key} {us:8.2f}" for key, us in times.items()))
+    return {"case": "kv_a_split", "shape": {"m": m, "k": k, "sizes": sizes},
+            "us": {key: round(us, 2) for key, us in times.items()}, "timing": "cudagraph"}  # fmt: skip
+
+
 def print_header() -> None:
     print(
         f"{'case':<6} {'m':>6} {'fxfuse':>9} {'again':>9} {'eager':>9} {'inductor':>9} "
         f"{'gemm':>9} {'roof':>8} {'/gemm':>6} {'ind/fx':>6} {'%roof':>6}  timing    "
-        f"{'host':>8}  bar"
+        f"{'host':>8} {'triton':>9} {'vendor':>9}  bar"
     )
 
 
@@ -182,7 +253,9 @@ def print_rows(rows: list[dict]) -> None:
             f"{peers['eager']:>9.2f} {peers['inductor']:>9.2f} {peers['gemm_alone']:>9.2f} "
             f"{row['roofline_us']:>8.2f} {vs_gemm:>6.3f} {vs_inductor:>6.3f} "
             f"{100 * row['roofline_us'] / fx:>5.1f}%  {row['timing']:<10}"
-            f"{row.get('fxfuse_do_bench_us', float('nan')):>8.2f}  {bar}"
+            f"{row.get('fxfuse_do_bench_us', float('nan')):>8.2f} "
+            f"{row.get('backends_us', {}).get('triton', float('nan')):>9.2f} "
+            f"{row.get('backends_us', {}).get('vendor', float('nan')):>9.2f}  {bar}"
         )
 
 
@@ -302,6 +375,7 @@ def main() -> None:
         print()
         print_header()
         print_rows(rows)
+        split_rows = [bench_split_case(m, device) for m in KV_A_MS]
         result = {
             "device": torch.cuda.get_device_name(),
             "torch": torch.__version__,
@@ -309,6 +383,7 @@ def main() -> None:
             "date": datetime.date.today().isoformat(),
             "command": "PYTHONPATH=. python " + " ".join(sys.argv),
             "rows": rows,
+            "split_rows": split_rows,
         }
         if args.out:
             with open(os.path.join(args.out, f"{SUITE}.json"), "w") as f:

@@ -7,22 +7,32 @@
     gemm_split(x, w, d, sizes) -> [pieces]
         the pieces of split((x @ wᵀ).view(M, d, sum(sizes)), sizes, -1), each (M, d, size) contiguous.
 
-The Triton kernel (kernels/gemm_split_cat.py) runs for bf16 / fp16 on CUDA/ROCm and in the
-interpreter; every other case runs the torch reference (kernels/gemm_split_cat_ref.py), which is
-the unfused spelling itself, so an fp32 call or a CPU run without the interpreter keeps its bytes.
+bf16 / fp16 calls on CUDA/ROCm and in the interpreter have two implementations, picked per shape
+by the launch table `gemm_split_cat_backend` (FXFUSE_GEMM_BACKEND=triton|vendor overrides it):
+- fxfuse's Triton kernel (kernels/gemm_split_cat.py), one launch that also copies y;
+- the vendor GEMM through `torch.bmm`: per piece, one strided-batched GEMM over the d heads whose
+  C matrices are that piece's slices of the destination (ld = d · row width, batch stride = row
+  width), so no tile goes through a temporary; then y's slice is copied (a second kernel).
+Every other case runs the torch reference (kernels/gemm_split_cat_ref.py), which is the unfused
+spelling itself, so an fp32 call or a CPU run without the interpreter keeps its bytes.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from fxfuse.kernels import gemm_split_cat_ref as ref
-from fxfuse.runtime.dispatch import use_triton
+from fxfuse.runtime import launch_tables
+from fxfuse.runtime.dispatch import BACKEND_VENDOR, gemm_backend_override, use_triton
+from fxfuse.runtime.target import detect_target
 
 # The kernel's dtypes (kernels/gemm_split_cat.py DTYPES; tests check the two agree) and its
 # number of output pieces, kept here so that guards need not import triton.
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 MAX_PIECES = 4
+BACKEND_TABLE = "gemm_split_cat_backend"
 
 
 def _kernels():
@@ -81,6 +91,53 @@ def _on_kernel(*tensors: torch.Tensor) -> bool:
     return tensors[0].dtype in KERNEL_DTYPES and use_triton(*tensors)
 
 
+def _use_vendor(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """The vendor GEMM runs this call: FXFUSE_GEMM_BACKEND says so (on any device: torch.bmm runs
+    everywhere), or, on CUDA/ROCm, the backend table for this (M, N, K)."""
+    choice = gemm_backend_override()
+    if choice != "auto":
+        return choice == "vendor"
+    if x.device.type != "cuda":
+        return False
+    m, k = x.shape
+    return _table_backend(detect_target(x.device), max(m, 1), w.shape[0], k) == BACKEND_VENDOR
+
+
+@functools.lru_cache(maxsize=4096)
+def _table_backend(target: str, m: int, n: int, k: int) -> int:
+    return launch_tables.lookup(BACKEND_TABLE, target, m=m, n=n, k=k)["BACKEND"]
+
+
+def _vendor_gemm_into(x, w, d: int, widths, dests) -> None:
+    """c = (x @ wᵀ).view(M, d, sum(widths)) split along its last dim into `dests` (each an
+    (M, d, width) view, any row strides), one strided-batched GEMM per piece: batch = the d heads,
+    A = x shared by every head (batch stride 0), B = that piece's rows of each head's weight."""
+    m, k = x.shape
+    w_heads = w.unflatten(0, (d, sum(widths)))
+    x_heads = x.expand(d, m, k)
+    lo = 0
+    for width, dest in zip(widths, dests):
+        if width:
+            b = w_heads[:, lo : lo + width].transpose(1, 2)
+            torch.bmm(x_heads, b, out=dest.transpose(0, 1))
+        lo += width
+
+
+def _vendor_split_cat(x, w, d, s1, s2, y):
+    m = x.shape[0]
+    out = x.new_empty((m, d, s1 + y.shape[2]))
+    c2 = x.new_empty((m, d, s2))
+    _vendor_gemm_into(x, w, d, (s1, s2), (out[:, :, :s1], c2))
+    out[:, :, s1:].copy_(y)
+    return out, c2
+
+
+def _vendor_split(x, w, d, sizes):
+    pieces = [x.new_empty((x.shape[0], d, size)) for size in sizes]
+    _vendor_gemm_into(x, w, d, sizes, pieces)
+    return pieces
+
+
 @torch.library.custom_op("fxfuse::gemm_split_cat", mutates_args=())
 def gemm_split_cat(
     x: torch.Tensor, w: torch.Tensor, d: int, s1: int, s2: int, y: torch.Tensor
@@ -88,6 +145,8 @@ def gemm_split_cat(
     """(cat([c1, y], -1), c2) of c1, c2 = split((x @ wᵀ).view(M, d, s1 + s2), [s1, s2], -1)."""
     _check_split_cat(x, w, d, s1, s2, y)
     if _on_kernel(x, w, y):
+        if _use_vendor(x, w):
+            return _vendor_split_cat(x, w, d, s1, s2, y)
         return _kernels().gemm_split_cat(x, w, d, s1, s2, y)
     return ref.gemm_split_cat_ref(x, w, d, s1, s2, y)
 
@@ -104,6 +163,8 @@ def gemm_split(x: torch.Tensor, w: torch.Tensor, d: int, sizes: list[int]) -> li
     """The pieces of split((x @ wᵀ).view(M, d, sum(sizes)), sizes, -1), each contiguous."""
     _check_split(x, w, d, sizes)
     if _on_kernel(x, w):
+        if _use_vendor(x, w):
+            return _vendor_split(x, w, d, list(sizes))
         return list(_kernels().gemm_split(x, w, d, list(sizes)))
     return list(ref.gemm_split_ref(x, w, d, list(sizes)))
 

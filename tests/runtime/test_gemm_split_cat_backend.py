@@ -1,0 +1,104 @@
+"""Who runs fxfuse::gemm_split_cat / gemm_split: the backend table and the vendor (torch.bmm) path.
+
+The vendor path writes each piece through strided-batched GEMMs straight into its destination;
+forced with FXFUSE_GEMM_BACKEND=vendor it runs on the CPU too, which checks its strides here.
+"""
+
+import pytest
+import torch
+
+from fxfuse.runtime import dispatch, gemm_split_cat_ops, launch_tables
+
+RTOL = 1e-2
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def make_case(m, k, d, s1, s2, s3, y_kind="expand", x_kind="contiguous"):
+    x = torch.randn(m, k + (3 if x_kind == "strided_rows" else 0), dtype=torch.bfloat16)
+    x = x[:, :k].to(DEVICE)
+    w = (torch.randn(d * (s1 + s2), k, dtype=torch.bfloat16) / k**0.5).to(DEVICE)
+    if y_kind == "expand":
+        y = torch.randn(m, 1, s3, dtype=torch.bfloat16, device=DEVICE).expand(m, d, s3)
+    else:  # no unit stride anywhere
+        y = torch.randn(s3, m, d, dtype=torch.bfloat16, device=DEVICE).permute(1, 2, 0)
+    return x, w, y
+
+
+# (m, k, d, s1, s2, s3, y kind, x kind)
+CASES = [
+    (33, 64, 4, 48, 40, 24, "expand", "contiguous"),  # kv_b's form, widths no power of two
+    (1, 32, 3, 16, 16, 8, "permuted", "strided_rows"),
+    (17, 40, 2, 0, 24, 8, "expand", "contiguous"),  # no c1: out is y alone
+    (5, 40, 2, 24, 0, 8, "expand", "contiguous"),  # no c2
+]
+
+
+@pytest.mark.parametrize("m, k, d, s1, s2, s3, y_kind, x_kind", CASES)
+def test_forced_vendor_split_cat_matches(monkeypatch, m, k, d, s1, s2, s3, y_kind, x_kind):
+    monkeypatch.setenv(dispatch.GEMM_BACKEND_ENV, "vendor")
+    x, w, y = make_case(m, k, d, s1, s2, s3, y_kind, x_kind)
+    assert gemm_split_cat_ops._use_vendor(x, w)
+    out, c2 = torch.ops.fxfuse.gemm_split_cat(x, w, d, s1, s2, y)
+    assert out.shape == (m, d, s1 + s3) and c2.shape == (m, d, s2)
+    assert out.is_contiguous() and c2.is_contiguous()
+    c = (x.double() @ w.double().T).view(m, d, s1 + s2)
+    if s1:
+        assert rel_err(out[..., :s1], c[..., :s1]) <= RTOL
+    if s2:
+        assert rel_err(c2, c[..., s1:]) <= RTOL
+    assert torch.equal(out[..., s1:], y)
+
+
+def test_forced_vendor_gemm_split_matches(monkeypatch):
+    monkeypatch.setenv(dispatch.GEMM_BACKEND_ENV, "vendor")
+    x, w, _ = make_case(9, 48, 3, 24, 16, 1)
+    w = torch.cat([w, w[:24]])  # three pieces: 24 | 16 | 8 per head
+    pieces = torch.ops.fxfuse.gemm_split(x, w, 3, [24, 16, 8])
+    c = (x.double() @ w.double().T).view(9, 3, 48)
+    for piece, ref in zip(pieces, torch.split(c, [24, 16, 8], dim=-1)):
+        assert piece.is_contiguous() and piece.shape == ref.shape
+        assert rel_err(piece, ref) <= RTOL
+
+
+def test_forced_triton_never_takes_the_vendor(monkeypatch):
+    monkeypatch.setenv(dispatch.GEMM_BACKEND_ENV, "triton")
+    x, w, _ = make_case(8, 32, 2, 16, 16, 4)
+    assert not gemm_split_cat_ops._use_vendor(x, w)
+
+
+def test_auto_on_cpu_keeps_the_kernel(monkeypatch):
+    monkeypatch.delenv(dispatch.GEMM_BACKEND_ENV, raising=False)
+    x = torch.randn(8192, 512, dtype=torch.bfloat16)
+    w = torch.randn(4096, 512, dtype=torch.bfloat16)
+    assert not gemm_split_cat_ops._use_vendor(x, w)
+
+
+def test_backend_table_covers_every_target():
+    table = launch_tables.load_table(gemm_split_cat_ops.BACKEND_TABLE)
+    for target in ("sm90", "gfx950", "gfx942", "cpu"):
+        for m in (1, 32, 1024, 4096, 8192, 32768):
+            config = launch_tables.lookup(table["kernel"], target, m=m, n=4096, k=512)
+            assert config["BACKEND"] in (dispatch.BACKEND_TRITON, dispatch.BACKEND_VENDOR)
+    for target in ("gfx950", "gfx942"):
+        assert table["targets"][target]["timed"] is False
+        assert launch_tables.lookup(table["kernel"], target, m=8192, n=4096, k=512) == {
+            "BACKEND": dispatch.BACKEND_TRITON
+        }
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("choice", ["auto", "triton", "vendor"])
+@pytest.mark.parametrize("m", [32, 4096])
+def test_gpu_kv_b_every_backend_meets_the_tolerance(monkeypatch, choice, m):
+    monkeypatch.setenv(dispatch.GEMM_BACKEND_ENV, choice)
+    x, w, y = make_case(m, 512, 16, 128, 128, 64)
+    out, c2 = torch.ops.fxfuse.gemm_split_cat(x, w, 16, 128, 128, y)
+    c = (x.double() @ w.double().T).view(m, 16, 256)
+    assert rel_err(out[..., :128], c[..., :128]) <= RTOL
+    assert rel_err(c2, c[..., 128:]) <= RTOL
+    assert torch.equal(out[..., 128:], y)
