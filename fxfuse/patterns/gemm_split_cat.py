@@ -61,6 +61,12 @@ EMPTIES = (
 WEIGHT_TRANSPOSES = (aten.permute.default, aten.t.default, aten.transpose.int)
 MAX_CHAIN = 6  # views / transposes followed between the GEMM and the split
 MAX_CONSUMER_DEPTH = 6  # consumers followed while a changed layout propagates
+# GEMM → split with no cat saves only the pieces' copies. At DeepSeek kv_a (K 7168, N 576) the
+# unfused GEMM + copies beat both of the op's backends at every M from 1 to 8192 on the H200
+# (bench_gemm_split_cat.py kv_a rows, 2026-12-03: 7.1 / 21.2 / 110.6 µs at M 1 / 1024 / 8192
+# against 12.1 / 22.5 / 119.8 for the vendor path and 15.8 / 68.0 / 163.2 for the kernel), so
+# such a split stays unfused. Measured split-cat rows at K 512 and 1024 do win.
+SPLIT_ONLY_MAX_K = 4096
 
 
 # --- matcher pieces: patterns that look at a node's users -----------------------------------------
@@ -680,6 +686,12 @@ def split_guard(m: Match, ctx) -> str | None:
     layout = _layout(m)
     if layout.perm or not any(_calls(o, COPIES) for o in m["piece_outputs"]):
         return "no copy to save: every split piece is read in place as a view of the GEMM output"
+    k = static_int(val(m["x"]).shape[-1])
+    if k is None or k > SPLIT_ONLY_MAX_K:
+        return (
+            f"K = {k} > {SPLIT_ONLY_MAX_K}: the unfused GEMM and copies are faster for a split "
+            "with no cat (measured at DeepSeek kv_a, K 7168)"
+        )
     return _simulated(m, ctx, _replace_split)
 
 

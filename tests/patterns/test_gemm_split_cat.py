@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fxfuse
+from fxfuse.patterns import gemm_split_cat
 from fxfuse.runtime import gemm_split_cat_ops
 from tests.helpers import fused_targets, outputs_bytes_equal
 
@@ -313,6 +314,14 @@ def test_split_without_a_copy_does_not_fire(reference_path):
         return a * 2, b
 
     _assert_not_fused(body, _inputs(kv_a), "no copy to save")
+
+
+def test_split_with_a_long_k_does_not_fire(reference_path):
+    # kv_a's own K (7168): the unfused GEMM + copies beat the fused op there (the guard's note).
+    _, w, y = _inputs(kv_a)
+    k = gemm_split_cat.SPLIT_ONLY_MAX_K + 128
+    inputs = (torch.randn(M, k, dtype=BF16), torch.randn(w.shape[0], k, dtype=BF16) / k**0.5, y)
+    _assert_not_fused(kv_a, inputs, f"K = {k} > {gemm_split_cat.SPLIT_ONLY_MAX_K}")
 
 
 def test_consumer_needing_the_old_strides_does_not_fire(reference_path):
