@@ -37,7 +37,6 @@ import triton.language as tl
 
 from fxfuse.kernels import formats
 from fxfuse.kernels import rms_norm_quant as norm_quant
-from fxfuse.kernels.launch_cache import launcher
 from fxfuse.kernels.rms_norm_quant import (
     _load_f32,
     _rms_norm_quant_kernel,
@@ -379,7 +378,7 @@ def allreduce_rms_norm_quant(
     q_t = h if q is None else q.view(torch.uint8)
     scale_t = h if scale is None else scale
     scale_strides = (0, 0) if scale is None else scale.stride()
-    launcher(_allreduce_rms_norm_quant_kernel)[(triton.cdiv(m, rows),)](
+    _allreduce_rms_norm_quant_kernel[(triton.cdiv(m, rows),)](
         x,
         residual_t,
         weight,

@@ -49,7 +49,6 @@ from fxfuse.kernels.gemm_ref import (
     _is_scalar_scale,
     check_gemm_fp8_args,
 )
-from fxfuse.kernels.launch_cache import launcher
 from fxfuse.kernels.rms_norm_quant import (
     _fp8_native,
     _fp8_quant,
@@ -473,7 +472,7 @@ def _launch(
     asm, ask = _scale_strides(a_scale)
     wsn, wsk = _scale_strides(w_scale)
     qsm, qsk = (0, 0) if q_scale_out is None else _scale_strides(q_scale_out)
-    launcher(_gemm_fp8_kernel)[(tiles, split_k)](
+    _gemm_fp8_kernel[(tiles, split_k)](
         a_t,
         a_scale,
         w.view(torch.uint8),
@@ -623,7 +622,7 @@ def gemm_a16w8(
         a_scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
         row_block = min(4096, 1 << (max(k, 16) - 1).bit_length())
         if m:
-            launcher(_row_scale_kernel)[(m,)](
+            _row_scale_kernel[(m,)](
                 x,
                 a_scale,
                 m,

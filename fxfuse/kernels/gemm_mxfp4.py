@@ -77,7 +77,6 @@ from fxfuse.kernels.gemm_ref import (
     _shape,
     check_gemm_mxfp4_args,
 )
-from fxfuse.kernels.launch_cache import launcher
 from fxfuse.kernels.rms_norm_quant import _e2m1_code, _e8m0_exponent, _e8m0_factor, _load_f32
 from fxfuse.runtime.target import interpreting
 
@@ -436,7 +435,7 @@ def _launch(
     qs_t = out if q_scale_out is None else q_scale_out
     # The interpreter's bf16 dot is broken (triton 3.6): dot the same exact values in fp32.
     dot_dtype = tl.float32 if interpreting() else tl.bfloat16
-    return launcher(_gemm_mxfp4_kernel)[(tiles, split_k)](
+    return _gemm_mxfp4_kernel[(tiles, split_k)](
         a,
         a_scale,
         w,

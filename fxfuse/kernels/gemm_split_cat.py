@@ -26,7 +26,6 @@ import torch
 import triton
 import triton.language as tl
 
-from fxfuse.kernels.launch_cache import launcher
 from fxfuse.kernels.rms_norm_quant import _round_to
 from fxfuse.runtime import launch_tables
 from fxfuse.runtime.target import detect_target, interpreting
@@ -426,7 +425,7 @@ def _launch(
     else:
         partial = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
         gemm_programs = plan["tiles"] * split_k
-    launcher(_gemm_split_cat_kernel)[(gemm_programs,)](
+    _gemm_split_cat_kernel[(gemm_programs,)](
         x, w, y_arg, partial, *dst,
         *sizes,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), *y_strides,
@@ -438,7 +437,7 @@ def _launch(
     )  # fmt: skip
     if split_k > 1:
         reduce_m, reduce_n, reduce_tiles, reduce_epilogue = plan["reduce"]
-        launcher(_split_k_reduce_kernel)[(reduce_tiles + plan["copy_programs"],)](
+        _split_k_reduce_kernel[(reduce_tiles + plan["copy_programs"],)](
             partial, y_arg, *dst,
             m, n, d, sum(widths), w_pad[0], w_pad[1], w_pad[2], *ld, s3,
             *y_strides,

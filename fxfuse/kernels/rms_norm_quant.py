@@ -43,7 +43,6 @@ import triton
 import triton.language as tl
 
 from fxfuse.kernels import formats
-from fxfuse.kernels.launch_cache import launcher
 from fxfuse.runtime import launch_tables
 from fxfuse.runtime.target import TARGETS, detect_target, interpreting
 
@@ -748,7 +747,7 @@ def _launch(
             "TILE_CHUNKS": min(tile_chunks, triton.next_power_of_2(num_groups)),
             "NUM_TILES": triton.cdiv(num_groups, tile_chunks),
         }
-    launcher(kernel)[(triton.cdiv(m, rows),)](
+    kernel[(triton.cdiv(m, rows),)](
         x,
         residual_t,
         weight_t,

@@ -78,7 +78,6 @@ import triton
 import triton.language as tl
 
 from fxfuse.kernels import topk_ref
-from fxfuse.kernels.launch_cache import launcher
 from fxfuse.runtime import launch_tables
 from fxfuse.runtime.target import TARGETS, detect_target, interpreting
 
@@ -1094,7 +1093,7 @@ def _launch(
     }
 
     def run(grid, stage, epi, srt, cap_, region_base):
-        launcher(_topk_kernel)[(grid,)](
+        _topk_kernel[(grid,)](
             scores,
             dummy if lengths is None else lengths,
             dummy if row_starts is None else row_starts,
@@ -1185,7 +1184,7 @@ def _launch_multi(
     for row_base in range(0, rows, group):
         group_rows = min(group, rows - row_base)
         if plan["estimate"]:
-            launcher(_topk_sample_kernel)[(group_rows,)](
+            _topk_sample_kernel[(group_rows,)](
                 scores, dummy if lengths is None else lengths,
                 dummy if row_starts is None else row_starts, state,
                 length, k, row_base, scores.stride(0), scores.stride(1),
@@ -1195,7 +1194,7 @@ def _launch_multi(
                 num_warps=plan["warps"],
             )  # fmt: skip
         for stage in (MULTI_FIRST.value, MULTI_RETRY.value):
-            launcher(_topk_multi_kernel)[(group_rows * plan["segments"],)](
+            _topk_multi_kernel[(group_rows * plan["segments"],)](
                 scores, dummy if lengths is None else lengths,
                 dummy if row_starts is None else row_starts,
                 dummy if row_to_batch is None else row_to_batch,
