@@ -39,6 +39,10 @@ COPY_BYTES_PER_S = 4.25e12  # measured copy ceiling on the H200 (PERFORMANCE.md)
 BF16_FLOPS_PER_S = 680e12  # measured bf16 matrix rate (PERFORMANCE.md)
 L2_BYTES = 60 * 2**20
 GRAPH_BELOW_US = 50.0  # time with a CUDA graph when one launch is shorter than this
+# --graph-all: every row in a CUDA graph. On the H200 host the op's Python issue (~50-100 us) is as
+# long as the M >= 8192 kernels, so do_bench rows there measure the host (fxfuse_do_bench_us keeps
+# that figure); a graph measures the GPU's time for all three peers alike.
+GRAPH_ALL = False
 BAR_MIN_M = 8192
 
 # DeepSeek-R1 MLA kv_b at TP8: K 512, N 4096 = 16 heads × (128 qk_nope + 128 v), rope 64.
@@ -46,7 +50,7 @@ KV_B = {"k": 512, "d": 16, "s1": 128, "s2": 128, "s3": 64}
 KV_B_MS = (32, 128, 1024, 4096, 8192, 16384, 32768)
 # Not DeepSeek: widths that are no multiple of a tile (column-scatter epilogue).
 OTHER = {"k": 1024, "d": 8, "s1": 96, "s2": 160, "s3": 32}
-OTHER_MS = (128, 8192)
+OTHER_MS = (128, 512, 8192)
 SWEEP_BUCKETS = (32, 128, 1024, 4096, 8192, 16384, 32768)
 
 
@@ -165,6 +169,16 @@ def check_op(inputs: dict, choice: str | None) -> float:
     return max(errors)
 
 
+def chosen_backend(inputs: dict) -> str:
+    """What the table runs: "vendor", "triton-head-tiles" (the persistent TMA kernel), "triton"."""
+    x, w, d, s1, s2, y = (inputs[key] for key in ("x", "w", "d", "s1", "s2", "y"))
+    if with_backend(None, lambda: gemm_split_cat_ops._use_vendor(x, w, d, (s1, s2), y)):
+        return "vendor"
+    from fxfuse.kernels import gemm_split_cat as kernels
+
+    return "triton-head-tiles" if kernels.takes_head_tiles(x, w, d, (s1, s2), y) else "triton"
+
+
 def bench_case(name: str, m: int, shape: dict, compiled_chain, device) -> dict:
     sets = input_sets(m, shape, device)
     error = max(check_op(sets[0], choice) for choice in (None, "triton", "vendor"))
@@ -180,7 +194,7 @@ def bench_case(name: str, m: int, shape: dict, compiled_chain, device) -> dict:
     # The GEMM alone decides graph or not: the fused op's own do_bench time includes its host
     # overhead, which is what a graph takes away.
     fused_host_us = time_us(fused, graph=False)
-    graph = time_us(peers["gemm_alone"], graph=False) < GRAPH_BELOW_US
+    graph = GRAPH_ALL or time_us(peers["gemm_alone"], graph=False) < GRAPH_BELOW_US
     fused_us = time_us(fused, graph)
     peers_us = {peer: time_us(fn, graph) for peer, fn in peers.items()}
     repeat_us = time_us(fused, graph)  # the same thing twice: the spread is the noise floor
@@ -196,8 +210,7 @@ def bench_case(name: str, m: int, shape: dict, compiled_chain, device) -> dict:
         "peers_us": {peer: round(us, 2) for peer, us in peers_us.items()},
         # the op with each implementation forced (FXFUSE_GEMM_BACKEND); fxfuse_us is the table's
         "backends_us": {choice: round(us, 2) for choice, us in backends_us.items()},
-        "backend_chosen": "vendor" if with_backend(None, lambda: gemm_split_cat_ops._use_vendor(
-            sets[0]["x"], sets[0]["w"])) else "triton",
+        "backend_chosen": chosen_backend(sets[0]),
         "roofline_us": round(roofline_us(m, shape, sets[0]), 2),
         "timing": "cudagraph" if graph else "do_bench",
         "fxfuse_do_bench_us": round(fused_host_us, 2),  # with the host's launch overhead
@@ -349,7 +362,13 @@ def main() -> None:
     parser.add_argument("--sweep-m", type=int, nargs="+", default=list(SWEEP_BUCKETS),
                         help="M buckets of the sweep")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes in the interpreter")
+    parser.add_argument("--graph-all", action="store_true", help="every row in a CUDA graph")
+    parser.add_argument("--m", default=None, help="kv_b M values, comma-separated")
     args = parser.parse_args()
+    global GRAPH_ALL, KV_B_MS
+    GRAPH_ALL = args.graph_all
+    if args.m:
+        KV_B_MS = tuple(int(v) for v in args.m.split(","))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     if args.cpu_smoke:

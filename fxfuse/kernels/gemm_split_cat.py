@@ -16,6 +16,14 @@ multiple of BLOCK_N / EPILOGUE_SUBTILES, each column sub-tile lies in one (d, pi
 as one contiguous block (vector stores); otherwise each column is scattered on its own.
 Split-K (small M): fp32 partials (SPLIT_K, M, N) in a workspace, then a second kernel sums them in
 a fixed order (deterministic, no atomics), does the same scatter and the y copy.
+
+Head tiles (config PERSISTENT = 1, the sm90 table from M 256): when s1 == s2 and BLOCK_N == s1 + s2,
+a tile is one head: a persistent grid (one program per SM) walks the tiles, x and w come in through
+TMA descriptors, the tile's left half is TMA-stored into out[:, d, :s1] and its right half into
+c2[:, d, :], and the same program copies that head's y slice into out[:, d, s1:]. The tile loop
+and the K loop are flattened, so one tile's stores overlap the next tile's loads. It needs TMA
+(NVIDIA sm90 or later; the interpreter runs it one tile per program) and 16-byte aligned rows;
+any other call takes the tile kernel above with the same config.
 """
 
 from __future__ import annotations
@@ -27,6 +35,11 @@ import triton
 import triton.language as tl
 
 from fxfuse.kernels.rms_norm_quant import _round_to
+
+try:  # host-side TMA descriptors: triton >= 3.4
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older triton: the head-tile kernel is never chosen
+    TensorDescriptor = None
 from fxfuse.runtime import launch_tables
 from fxfuse.runtime.target import detect_target, interpreting
 
@@ -289,9 +302,74 @@ def _split_k_reduce_kernel(
         )
 
 
+@triton.jit
+def _head_tile(
+    tile_id, x_desc, w_desc, out_desc, c2_desc, y_ptr, out_ptr,
+    M, S, LD0, S3, stride_ym, stride_yd, stride_ys, num_pid_m, num_pid_n,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    K_ITERS: tl.constexpr, BLOCK_S3: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+):
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (tile_id // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    m0 = (first_pid_m + (tile_id % num_pid_in_group) % group_size_m) * BLOCK_M
+    d = (tile_id % num_pid_in_group) // group_size_m
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in range(K_ITERS):  # TMA fills the K tail and rows past M with zeros
+        a = x_desc.load([m0, i * BLOCK_K])
+        b = w_desc.load([d * BLOCK_N, i * BLOCK_K])
+        if DOT_IN_FP32:  # the interpreter's bf16 dot: see _gemm_split_cat_kernel
+            acc = tl.dot(a.to(tl.float32), b.T.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b.T, acc)
+    if DOT_IN_FP32:
+        vals = _round_to(acc, tl.bfloat16, True).to(tl.bfloat16)
+    else:
+        vals = acc.to(y_ptr.dtype.element_ty)
+    left, right = tl.split(tl.permute(tl.reshape(vals, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+    out_desc.store([m0, d * LD0], left)  # rows past M are clipped by TMA
+    c2_desc.store([m0, d * S], right)
+    rows = (m0 + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_S3)
+    mask = (rows < M)[:, None] & (cols < S3)[None, :]
+    y_ptrs = y_ptr + (rows * stride_ym + d * stride_yd)[:, None] + cols[None, :] * stride_ys
+    out_ptrs = out_ptr + rows[:, None] * (num_pid_n * LD0) + (d * LD0 + S) + cols[None, :]
+    tl.store(out_ptrs, tl.load(y_ptrs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _head_tile_kernel(
+    # TMA descriptors: x (M, K), w (N, K), out as (M, D·LD0), c2 as (M, D·S); y and out pointers
+    x_desc, w_desc, out_desc, c2_desc, y_ptr, out_ptr,
+    # sizes: S = s1 = s2, LD0 = s1 + S3 (out's row width)
+    M, S, LD0, S3,
+    stride_ym, stride_yd, stride_ys,
+    # meta-parameters; BLOCK_N = 2·S. NUM_PROGRAMS: the persistent grid (0: one tile per program)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    K_ITERS: tl.constexpr, NUM_D: tl.constexpr, BLOCK_S3: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+):
+    num_pid_m = _cdiv(M, BLOCK_M)
+    if NUM_PROGRAMS == 0:
+        _head_tile(
+            tl.program_id(0), x_desc, w_desc, out_desc, c2_desc, y_ptr, out_ptr,
+            M, S, LD0, S3, stride_ym, stride_yd, stride_ys, num_pid_m, NUM_D,
+            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, K_ITERS, BLOCK_S3, DOT_IN_FP32,
+        )
+    else:
+        for tile_id in tl.range(tl.program_id(0), num_pid_m * NUM_D, NUM_PROGRAMS, flatten=True):
+            _head_tile(
+                tile_id, x_desc, w_desc, out_desc, c2_desc, y_ptr, out_ptr,
+                M, S, LD0, S3, stride_ym, stride_yd, stride_ys, num_pid_m, NUM_D,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, K_ITERS, BLOCK_S3, DOT_IN_FP32,
+            )
+
+
 # fmt: on
 
-CONFIG_FIELDS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")
+CONFIG_FIELDS = (
+    "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "PERSISTENT", "num_warps", "num_stages",
+)  # fmt: skip
 
 
 def _launch_config(
@@ -308,6 +386,8 @@ def _launch_config(
         value = chosen[key]
         if value < 16 or value & (value - 1):
             raise ValueError(f"config: {key}={value} must be a power of two >= 16 (tl.dot)")
+    if chosen.get("PERSISTENT", 0) not in (0, 1):
+        raise ValueError(f"config: PERSISTENT={chosen['PERSISTENT']} must be 0 or 1")
     return chosen
 
 
@@ -375,6 +455,76 @@ def _plan(m, n, k, d, widths, s3, config, target, device) -> dict:
     return _plan_cached(m, n, k, d, tuple(widths), s3, None, target)
 
 
+@functools.lru_cache(maxsize=16)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _tma_rows_ok(t: torch.Tensor) -> bool:
+    """A 2-D tensor a TMA descriptor can address: unit inner stride, 16-byte aligned base, rows."""
+    size = t.element_size()
+    return t.stride(1) == 1 and (t.stride(0) * size) % 16 == 0 and t.data_ptr() % 16 == 0
+
+
+def _head_tiles_apply(x, w, d, widths, y, cfg) -> bool:
+    """Whether the head-tile kernel takes this call (see the module docstring)."""
+    if not cfg.get("PERSISTENT") or TensorDescriptor is None or y is None or len(widths) != 2:
+        return False
+    s = widths[0]
+    if widths[1] != s or cfg["BLOCK_N"] != 2 * s or not 1 <= y.shape[-1] <= MAX_BLOCK_S3:
+        return False
+    # TMA: boxes of at most 256 per dimension, 16-byte box rows, 16-byte aligned row strides.
+    size = x.element_size()
+    if cfg["BLOCK_N"] > 256 or cfg["BLOCK_M"] > 256 or (s * size) % 16:
+        return False
+    if (d * (s + y.shape[-1]) * size) % 16 or not (_tma_rows_ok(x) and _tma_rows_ok(w)):
+        return False
+    if interpreting():
+        return True
+    if x.device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(x.device)[0] >= 9
+
+
+def takes_head_tiles(
+    x: torch.Tensor, w: torch.Tensor, d: int, widths, y: torch.Tensor | None
+) -> bool:
+    """Whether a call with these operands runs the head-tile kernel under the launch table."""
+    m, k = x.shape
+    if m == 0:
+        return False
+    s3 = 0 if y is None else y.shape[-1]
+    cfg = _plan(m, w.shape[0], k, d, tuple(widths), s3, None, None, x.device)["cfg"]
+    return cfg["SPLIT_K"] == 1 and _head_tiles_apply(x, w, d, list(widths), y, cfg)
+
+
+def _launch_head_tiles(x, w, d, out, c2, y, cfg, k_iters) -> None:
+    m, k = x.shape
+    s = c2.shape[-1]
+    s3 = y.shape[-1]
+    block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    x_desc = TensorDescriptor(x, [m, k], [x.stride(0), 1], [block_m, block_k])
+    w_desc = TensorDescriptor(w, [w.shape[0], k], [w.stride(0), 1], [block_n, block_k])
+    out2 = out.view(m, d * (s + s3))
+    out_desc = TensorDescriptor(out2, [m, d * (s + s3)], [d * (s + s3), 1], [block_m, s])
+    c2_desc = TensorDescriptor(c2.view(m, d * s), [m, d * s], [d * s, 1], [block_m, s])
+    tiles = triton.cdiv(m, block_m) * d
+    if interpreting():
+        programs, grid = 0, tiles
+    else:
+        programs = _sm_count(x.device.index if x.device.index is not None else 0)
+        grid = min(programs, tiles)
+    _head_tile_kernel[(grid,)](
+        x_desc, w_desc, out_desc, c2_desc, y, out,
+        m, s, s + s3, s3,
+        *y.stride(),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=cfg["GROUP_M"],
+        K_ITERS=k_iters, NUM_D=d, BLOCK_S3=triton.next_power_of_2(s3),
+        NUM_PROGRAMS=programs, DOT_IN_FP32=interpreting() and x.dtype == torch.bfloat16,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+
+
 def _check_gemm_inputs(x: torch.Tensor, w: torch.Tensor, d: int) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x: expected a 2-D (M, K) tensor, got {getattr(x, 'shape', type(x))}")
@@ -411,6 +561,9 @@ def _launch(
     s3 = 0 if y is None else y.shape[-1]
     plan = _plan(m, n, k, d, widths, s3, config, target, x.device)
     cfg, split_k = plan["cfg"], plan["split_k"]
+    if split_k == 1 and _head_tiles_apply(x, w, d, widths, y, cfg):
+        _launch_head_tiles(x, w, d, pieces[0], pieces[1], y, cfg, plan["k_iters"])
+        return
     dst = pieces + [pieces[0]] * (MAX_PIECES - num_pieces)
     w_pad = widths + [0] * (MAX_PIECES - num_pieces)
     ld = [p.shape[-1] for p in pieces] + [1] * (MAX_PIECES - num_pieces)

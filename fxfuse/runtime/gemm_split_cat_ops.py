@@ -9,7 +9,8 @@
 
 bf16 / fp16 calls on CUDA/ROCm and in the interpreter have two implementations, picked per shape
 by the launch table `gemm_split_cat_backend` (FXFUSE_GEMM_BACKEND=triton|vendor overrides it):
-- fxfuse's Triton kernel (kernels/gemm_split_cat.py), one launch that also copies y;
+- fxfuse's Triton kernel (kernels/gemm_split_cat.py), one launch that also copies y (its head-tile
+  path, where it applies, is always taken over the vendor path);
 - the vendor GEMM through `torch.bmm`: per piece, one strided-batched GEMM over the d heads whose
   C matrices are that piece's slices of the destination (ld = d · row width, batch stride = row
   width), so no tile goes through a temporary; then y's slice is copied (a second kernel).
@@ -91,16 +92,19 @@ def _on_kernel(*tensors: torch.Tensor) -> bool:
     return tensors[0].dtype in KERNEL_DTYPES and use_triton(*tensors)
 
 
-def _use_vendor(x: torch.Tensor, w: torch.Tensor) -> bool:
+def _use_vendor(x: torch.Tensor, w: torch.Tensor, d: int, widths, y=None) -> bool:
     """The vendor GEMM runs this call: FXFUSE_GEMM_BACKEND says so (on any device: torch.bmm runs
-    everywhere), or, on CUDA/ROCm, the backend table for this (M, N, K)."""
+    everywhere), or, on CUDA/ROCm, the backend table for this (M, N, K) unless the kernel's
+    head-tile path takes the call (it beats the vendor path wherever it applies)."""
     choice = gemm_backend_override()
     if choice != "auto":
         return choice == "vendor"
     if x.device.type != "cuda":
         return False
     m, k = x.shape
-    return _table_backend(detect_target(x.device), max(m, 1), w.shape[0], k) == BACKEND_VENDOR
+    if _table_backend(detect_target(x.device), max(m, 1), w.shape[0], k) != BACKEND_VENDOR:
+        return False
+    return not _kernels().takes_head_tiles(x, w, d, widths, y)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -145,7 +149,7 @@ def gemm_split_cat(
     """(cat([c1, y], -1), c2) of c1, c2 = split((x @ wᵀ).view(M, d, s1 + s2), [s1, s2], -1)."""
     _check_split_cat(x, w, d, s1, s2, y)
     if _on_kernel(x, w, y):
-        if _use_vendor(x, w):
+        if _use_vendor(x, w, d, (s1, s2), y):
             return _vendor_split_cat(x, w, d, s1, s2, y)
         return _kernels().gemm_split_cat(x, w, d, s1, s2, y)
     return ref.gemm_split_cat_ref(x, w, d, s1, s2, y)
@@ -163,7 +167,7 @@ def gemm_split(x: torch.Tensor, w: torch.Tensor, d: int, sizes: list[int]) -> li
     """The pieces of split((x @ wᵀ).view(M, d, sum(sizes)), sizes, -1), each contiguous."""
     _check_split(x, w, d, sizes)
     if _on_kernel(x, w):
-        if _use_vendor(x, w):
+        if _use_vendor(x, w, d, sizes):
             return _vendor_split(x, w, d, list(sizes))
         return list(_kernels().gemm_split(x, w, d, list(sizes)))
     return list(ref.gemm_split_ref(x, w, d, list(sizes)))

@@ -26,7 +26,7 @@ SHAPE_KEYS = ("m", "n", "k", "rows", "length", "topk", "d", "group")
 POWER_OF_TWO_PREFIXES = ("BLOCK_", "GROUP_")
 NUM_WARPS = (1, 2, 4, 8, 16)
 TABLE_TARGETS = ("sm90", "gfx950", "gfx942")
-FLAG_FIELDS = ("SWAP_AB",)  # 0 / 1 switches; every other field is a positive int
+FLAG_FIELDS = ("SWAP_AB", "PERSISTENT")  # 0 / 1 switches; every other field is a positive int
 
 
 class LaunchTableError(ValueError):

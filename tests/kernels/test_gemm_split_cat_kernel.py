@@ -178,6 +178,77 @@ def test_gemm_split_bad_inputs():
         gemm_split(x, w, d, [16, 8], config={"BLOCK_Q": 16})
     with pytest.raises(ValueError, match=r"^config:"):
         gemm_split(x, w, d, [16, 8], config={"BLOCK_N": 24})
+    with pytest.raises(ValueError, match=r"^config: PERSISTENT"):
+        gemm_split(x, w, d, [16, 8], config={"PERSISTENT": 2})
+
+
+HEAD = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "PERSISTENT": 1}
+
+
+@pytest.fixture
+def head_tile_calls(monkeypatch):
+    """Counts the head-tile kernel's launches."""
+    from fxfuse.kernels import gemm_split_cat as kernel_module
+
+    calls = []
+    launch = kernel_module._launch_head_tiles
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape[0])
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(kernel_module, "_launch_head_tiles", counting)
+    return calls
+
+
+# (m, k, d, s3, dtype, x kind, y kind): s1 = s2 = 16, BLOCK_N = 32, so a tile is one head.
+HEAD_CASES = [
+    (33, 64, 3, 8, torch.bfloat16, "contiguous", "expand"),  # odd M: a partial last row block
+    (17, 40, 2, 24, torch.bfloat16, "contiguous", "permuted"),  # K tail (TMA zero fill), S3 not 2^k
+    (5, 48, 4, 8, torch.float16, "strided_rows_aligned", "contiguous"),  # row stride > K
+    (1, 32, 1, 40, torch.bfloat16, "contiguous", "expand"),  # one row, y wider than a piece
+]
+
+
+@pytest.mark.parametrize("m, k, d, s3, dtype, x_kind, y_kind", HEAD_CASES)
+def test_head_tile_kernel_matches_reference(m, k, d, s3, dtype, x_kind, y_kind, head_tile_calls):
+    torch.manual_seed(m * 7 + k)
+    if x_kind == "strided_rows_aligned":  # 16-byte rows: TMA can take it
+        x = torch.randn(m, k + 8, dtype=dtype, device=DEVICE)[:, :k]
+    else:
+        x = make_x(x_kind, m, k, dtype)
+    w = torch.randn(d * 32, k, dtype=dtype, device=DEVICE)
+    y = make_y(y_kind, m, d, s3, dtype)
+    check_split_cat(x, w, d, 16, 16, y, HEAD)
+    assert head_tile_calls == [m]
+
+
+@pytest.mark.parametrize(
+    "why, k, s1, s2, x_kind",
+    [
+        ("pieces of different widths", 32, 24, 8, "contiguous"),
+        ("BLOCK_N is not s1 + s2", 32, 32, 32, "contiguous"),
+        ("x's K stride is not 1", 32, 16, 16, "transposed"),
+        ("x's rows are not 16-byte aligned", 36, 16, 16, "contiguous"),
+    ],
+)
+def test_head_tile_kernel_declines_what_it_cannot_take(why, k, s1, s2, x_kind, head_tile_calls):
+    torch.manual_seed(k + s1)
+    x = make_x(x_kind, 9, k, torch.bfloat16)
+    w = torch.randn(2 * (s1 + s2), k, dtype=torch.bfloat16, device=DEVICE)
+    y = make_y("expand", 9, 2, 8, torch.bfloat16)
+    check_split_cat(x, w, 2, s1, s2, y, HEAD)  # the tile kernel runs it instead, just as well
+    assert head_tile_calls == [], why
+
+
+def test_head_tile_table_entries_fit_kv_b():
+    """sm90's head-tile entries are kv_b's (s1 = s2 = 128): BLOCK_N = 256; other targets: none."""
+    table = launch_tables.load_table("gemm_split_cat")
+    sm90 = table["targets"]["sm90"]["entries"]
+    persistent = [e["config"] for e in sm90 if e["config"]["PERSISTENT"]]
+    assert persistent and all(c["BLOCK_N"] == 256 and c["SPLIT_K"] == 1 for c in persistent)
+    for target in ("gfx950", "gfx942"):
+        assert not any(e["config"]["PERSISTENT"] for e in table["targets"][target]["entries"])
 
 
 def test_launch_table_covers_every_target():
@@ -191,10 +262,13 @@ def test_launch_table_covers_every_target():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("m", [32, 1000])
-def test_deepseek_kv_b_on_gpu(m):
+@pytest.mark.parametrize("m", [32, 300, 1000, 4100])
+def test_deepseek_kv_b_on_gpu(m, head_tile_calls):
     torch.manual_seed(m)
     x = torch.randn(m, 512, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(16 * 256, 512, dtype=torch.bfloat16, device="cuda") / 16
     y = make_y("expand", m, 16, 64, torch.bfloat16)
     check_split_cat(x, w, 16, 128, 128, y)
+    # sm90's table sends M > 128 to the head-tile kernel (TMA: sm90 and later).
+    if torch.cuda.get_device_capability()[0] >= 9 and torch.version.hip is None:
+        assert head_tile_calls == ([m] if m > 128 else [])

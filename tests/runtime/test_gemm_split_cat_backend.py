@@ -41,7 +41,7 @@ CASES = [
 def test_forced_vendor_split_cat_matches(monkeypatch, m, k, d, s1, s2, s3, y_kind, x_kind):
     monkeypatch.setenv(dispatch.GEMM_BACKEND_ENV, "vendor")
     x, w, y = make_case(m, k, d, s1, s2, s3, y_kind, x_kind)
-    assert gemm_split_cat_ops._use_vendor(x, w)
+    assert gemm_split_cat_ops._use_vendor(x, w, d, (s1, s2), y)
     out, c2 = torch.ops.fxfuse.gemm_split_cat(x, w, d, s1, s2, y)
     assert out.shape == (m, d, s1 + s3) and c2.shape == (m, d, s2)
     assert out.is_contiguous() and c2.is_contiguous()
@@ -66,15 +66,15 @@ def test_forced_vendor_gemm_split_matches(monkeypatch):
 
 def test_forced_triton_never_takes_the_vendor(monkeypatch):
     monkeypatch.setenv(dispatch.GEMM_BACKEND_ENV, "triton")
-    x, w, _ = make_case(8, 32, 2, 16, 16, 4)
-    assert not gemm_split_cat_ops._use_vendor(x, w)
+    x, w, y = make_case(8, 32, 2, 16, 16, 4)
+    assert not gemm_split_cat_ops._use_vendor(x, w, 2, (16, 16), y)
 
 
 def test_auto_on_cpu_keeps_the_kernel(monkeypatch):
     monkeypatch.delenv(dispatch.GEMM_BACKEND_ENV, raising=False)
     x = torch.randn(8192, 512, dtype=torch.bfloat16)
     w = torch.randn(4096, 512, dtype=torch.bfloat16)
-    assert not gemm_split_cat_ops._use_vendor(x, w)
+    assert not gemm_split_cat_ops._use_vendor(x, w, 16, (128, 128))
 
 
 def test_backend_table_covers_every_target():
