@@ -28,8 +28,9 @@ def candidates(m: int, k: int) -> list[dict]:
     for bm, bn, bk, sk in itertools.product((16, 32), (64, 128), (128, 256), (1, 2, 4, 8, 16)):
         if bm > max(16, m) or k // bk < sk or (sk == 1 and k > 2048):
             continue
+        stages = 4 if bn * bk <= 16384 else 3
         out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": sk,
-                    "num_warps": 4, "num_stages": 4 if bn * bk <= 16384 else 3, "SWAP_AB": 0})  # fmt: skip
+                    "num_warps": 4, "num_stages": stages, "SWAP_AB": 0})  # fmt: skip
     return out
 
 
