@@ -25,14 +25,18 @@ A8W8_SHAPES = [(2112, 7168), (3072, 1536), (7168, 2048), (24576, 1536)]
 L2_BYTES = 60 * 2**20
 
 
-def candidates(m: int, k: int, block_ms=(16, 32)) -> list[dict]:
+def candidates(m: int, k: int, block_ms=(16, 32), swap: int = 0) -> list[dict]:
+    """Tiles to try; swap = 1: swapped tiles only (the weight rows fill the MMA's M slot), with
+    one token tile of the bucket's M."""
     out = []
+    if swap:
+        block_ms = (16 if m <= 16 else 32,)
     for bm, bn, bk, sk in itertools.product(block_ms, (64, 128), (128, 256), (1, 2, 4, 8, 16)):
         if bm > max(16, m) or k // bk < sk or (sk == 1 and k > 2048):
             continue
         stages = 4 if bn * bk <= 16384 else 3
         out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": sk,
-                    "num_warps": 4, "num_stages": stages, "SWAP_AB": 0})  # fmt: skip
+                    "num_warps": 4, "num_stages": stages, "SWAP_AB": swap})  # fmt: skip
     return out
 
 
@@ -41,6 +45,7 @@ def main() -> int:
     parser.add_argument("--m", default="16,32")
     parser.add_argument("--out", default=None)
     parser.add_argument("--kind", choices=("a16w8", "a8w8"), default="a16w8")
+    parser.add_argument("--swap", action="store_true", help="only swapped (SWAP_AB) tiles")
     args = parser.parse_args()
     dev = torch.device("cuda")
     rows = []
@@ -83,7 +88,7 @@ def main() -> int:
                 torch.cuda.synchronize()
                 vendor_us = round(1e3 * triton.testing.do_bench_cudagraph(vendor, rep=20), 2)
             block_ms = (16, 64) if a8w8 and m > 16 else (16, 32)
-            for config in [None] + candidates(m, k, block_ms):
+            for config in [None] + candidates(m, k, block_ms, int(args.swap)):
                 try:
                     got = gemm(0, config).float()
                     err = ((got - ref).norm() / ref.norm()).item()
@@ -104,7 +109,8 @@ def main() -> int:
             print(f"m={m:3d} n={n:5d} k={k:5d} table {table_us} us, _scaled_mm {vendor_us}, "
                   f"best {timings[0]}", flush=True)  # fmt: skip
             if args.out:
-                with open(os.path.join(args.out, f"{args.kind}_sweep.json"), "w") as f:
+                name = f"{args.kind}{'_swap' if args.swap else ''}_sweep.json"
+                with open(os.path.join(args.out, name), "w") as f:
                     json.dump({"table": table_name, "rows": rows}, f, indent=1)
     return 0
 
