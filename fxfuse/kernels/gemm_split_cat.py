@@ -512,7 +512,8 @@ def _launch_head_tiles(x, w, d, out, c2, y, cfg, k_iters) -> None:
     if interpreting():
         programs, grid = 0, tiles
     else:
-        programs = _sm_count(x.device.index if x.device.index is not None else 0)
+        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        programs = _sm_count(index)
         grid = min(programs, tiles)
     _head_tile_kernel[(grid,)](
         x_desc, w_desc, out_desc, c2_desc, y, out,
