@@ -42,7 +42,6 @@ GRAPH_BELOW_US = 50.0  # time with a CUDA graph when one launch is shorter than 
 # --graph-all: every row in a CUDA graph. On the H200 host the op's Python issue (~50-100 us) is as
 # long as the M >= 8192 kernels, so do_bench rows there measure the host (fxfuse_do_bench_us keeps
 # that figure); a graph measures the GPU's time for all three peers alike.
-GRAPH_ALL = False
 BAR_MIN_M = 8192
 
 # DeepSeek-R1 MLA kv_b at TP8: K 512, N 4096 = 16 heads × (128 qk_nope + 128 v), rope 64.
@@ -179,7 +178,9 @@ def chosen_backend(inputs: dict) -> str:
     return "triton-head-tiles" if kernels.takes_head_tiles(x, w, d, (s1, s2), y) else "triton"
 
 
-def bench_case(name: str, m: int, shape: dict, compiled_chain, device) -> dict:
+def bench_case(
+    name: str, m: int, shape: dict, compiled_chain, device, graph_all: bool = False
+) -> dict:
     sets = input_sets(m, shape, device)
     error = max(check_op(sets[0], choice) for choice in (None, "triton", "vendor"))
     fused = rotating(sets, op_call)
@@ -194,7 +195,7 @@ def bench_case(name: str, m: int, shape: dict, compiled_chain, device) -> dict:
     # The GEMM alone decides graph or not: the fused op's own do_bench time includes its host
     # overhead, which is what a graph takes away.
     fused_host_us = time_us(fused, graph=False)
-    graph = GRAPH_ALL or time_us(peers["gemm_alone"], graph=False) < GRAPH_BELOW_US
+    graph = graph_all or time_us(peers["gemm_alone"], graph=False) < GRAPH_BELOW_US
     fused_us = time_us(fused, graph)
     peers_us = {peer: time_us(fn, graph) for peer, fn in peers.items()}
     repeat_us = time_us(fused, graph)  # the same thing twice: the spread is the noise floor
@@ -365,10 +366,7 @@ def main() -> None:
     parser.add_argument("--graph-all", action="store_true", help="every row in a CUDA graph")
     parser.add_argument("--m", default=None, help="kv_b M values, comma-separated")
     args = parser.parse_args()
-    global GRAPH_ALL, KV_B_MS
-    GRAPH_ALL = args.graph_all
-    if args.m:
-        KV_B_MS = tuple(int(v) for v in args.m.split(","))
+    kv_b_ms = tuple(int(v) for v in args.m.split(",")) if args.m else KV_B_MS
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     if args.cpu_smoke:
@@ -387,9 +385,9 @@ def main() -> None:
         check_gemm_split(device)
         rows = []
         print_header()
-        cases = [("kv_b", m, KV_B) for m in KV_B_MS] + [("other", m, OTHER) for m in OTHER_MS]
+        cases = [("kv_b", m, KV_B) for m in kv_b_ms] + [("other", m, OTHER) for m in OTHER_MS]
         for name, m, shape in cases:
-            rows.append(bench_case(name, m, shape, compiled_chain, device))
+            rows.append(bench_case(name, m, shape, compiled_chain, device, args.graph_all))
             print_rows(rows[-1:])
         print()
         print_header()
