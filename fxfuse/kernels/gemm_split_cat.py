@@ -52,6 +52,9 @@ DTYPES = (torch.bfloat16, torch.float16)
 COPY_STEP_ELEMENTS = 4096
 COPY_ITERS = 4
 MAX_BLOCK_S3 = 1024
+# The head-tile grid in the interpreter: 0 runs one tile per program; a test sets a few programs
+# to run the persistent tile loop (the GPU's grid is the SM count).
+INTERPRETER_PROGRAMS = 0
 
 # Kernel arguments are grouped on lines by role (pointers, sizes, strides, meta-parameters).
 # fmt: off
@@ -510,7 +513,8 @@ def _launch_head_tiles(x, w, d, out, c2, y, cfg, k_iters) -> None:
     c2_desc = TensorDescriptor(c2.view(m, d * s), [m, d * s], [d * s, 1], [block_m, s])
     tiles = triton.cdiv(m, block_m) * d
     if interpreting():
-        programs, grid = 0, tiles
+        programs = INTERPRETER_PROGRAMS
+        grid = min(programs, tiles) if programs else tiles
     else:
         index = x.device.index if x.device.index is not None else torch.cuda.current_device()
         programs = _sm_count(index)

@@ -223,6 +223,19 @@ def test_head_tile_kernel_matches_reference(m, k, d, s3, dtype, x_kind, y_kind, 
     assert head_tile_calls == [m]
 
 
+def test_head_tile_persistent_loop(monkeypatch, head_tile_calls):
+    """Three programs walk nine tiles (GROUP_M 2 over 3 row blocks: a partial last group)."""
+    from fxfuse.kernels import gemm_split_cat as kernel_module
+
+    monkeypatch.setattr(kernel_module, "INTERPRETER_PROGRAMS", 3)
+    torch.manual_seed(5)
+    x = make_x("contiguous", 40, 64, torch.bfloat16)
+    w = torch.randn(3 * 32, 64, dtype=torch.bfloat16, device=DEVICE)
+    y = make_y("expand", 40, 3, 8, torch.bfloat16)
+    check_split_cat(x, w, 3, 16, 16, y, HEAD)
+    assert head_tile_calls == [40]
+
+
 @pytest.mark.parametrize(
     "why, k, s1, s2, x_kind",
     [
