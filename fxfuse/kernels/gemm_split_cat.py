@@ -17,7 +17,7 @@ as one contiguous block (vector stores); otherwise each column is scattered on i
 Split-K (small M): fp32 partials (SPLIT_K, M, N) in a workspace, then a second kernel sums them in
 a fixed order (deterministic, no atomics), does the same scatter and the y copy.
 
-Head tiles (config PERSISTENT = 1, the sm90 table from M 256): when s1 == s2 and BLOCK_N == s1 + s2,
+Head tiles (config PERSISTENT = 1, the sm90 table from M 129): when s1 == s2 and BLOCK_N == s1 + s2,
 a tile is one head: a persistent grid (one program per SM) walks the tiles, x and w come in through
 TMA descriptors, the tile's left half is TMA-stored into out[:, d, :s1] and its right half into
 c2[:, d, :], and the same program copies that head's y slice into out[:, d, s1:]. The tile loop
@@ -35,13 +35,13 @@ import triton
 import triton.language as tl
 
 from fxfuse.kernels.rms_norm_quant import _round_to
+from fxfuse.runtime import launch_tables
+from fxfuse.runtime.target import detect_target, interpreting
 
 try:  # host-side TMA descriptors: triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older triton: the head-tile kernel is never chosen
     TensorDescriptor = None
-from fxfuse.runtime import launch_tables
-from fxfuse.runtime.target import detect_target, interpreting
 
 KERNEL = "gemm_split_cat"
 MAX_PIECES = 4
@@ -64,6 +64,18 @@ INTERPRETER_PROGRAMS = 0
 def _cdiv(a, b):
     # Not tl.cdiv: in the interpreter it returns a 1-element tensor, which `range` rejects.
     return (a + b - 1) // b
+
+
+@triton.jit
+def _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of tile number `tile`: GROUP_M row blocks sweep the columns together, so
+    w's tiles are reused from L2."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (tile // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (tile % num_pid_in_group) % group_size_m
+    pid_n = (tile % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
 
 
 @triton.jit
@@ -208,12 +220,7 @@ def _gemm_split_cat_kernel(
     if pid < num_tiles * SPLIT_K:
         pid_k = pid // num_tiles
         tile = pid % num_tiles
-        # Grouped ordering: GROUP_M row blocks sweep the columns together, so w tiles hit in L2.
-        num_pid_in_group = GROUP_M * num_pid_n
-        first_pid_m = (tile // num_pid_in_group) * GROUP_M
-        group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-        pid_m = first_pid_m + (tile % num_pid_in_group) % group_size_m
-        pid_n = (tile % num_pid_in_group) // group_size_m
+        pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -312,11 +319,8 @@ def _head_tile(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     K_ITERS: tl.constexpr, BLOCK_S3: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (tile_id // num_pid_in_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    m0 = (first_pid_m + (tile_id % num_pid_in_group) % group_size_m) * BLOCK_M
-    d = (tile_id % num_pid_in_group) // group_size_m
+    pid_m, d = _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)  # a column block is a head
+    m0 = pid_m * BLOCK_M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for i in range(K_ITERS):  # TMA fills the K tail and rows past M with zeros
         a = x_desc.load([m0, i * BLOCK_K])
