@@ -105,7 +105,7 @@ def op_rows() -> list[dict]:
             q, w.t(), xs, ws.view(1, -1), out_dtype=bf16
         ),
         "quant_fp8 op": lambda: torch.ops.fxfuse.quant_fp8.default(x),
-        "quant_fp8 python impl": lambda: norm_quant_ops.quant_fp8._init_fn(x),
+        "quant_fp8 python impl": lambda: norm_quant_ops.quant_fp8.impl(x),
         "bare triton launch": lambda: _touch[(1,)](small, 16, BLOCK=16),
     }
     rows = []

@@ -30,6 +30,7 @@ from fxfuse.runtime import (
     norm_quant_ops,  # noqa: F401 - registers the fused norm(-quant) ops
 )
 from fxfuse.runtime.dispatch import use_triton
+from fxfuse.runtime.registry import fused_op
 from fxfuse.runtime.target import detect_target
 
 fxfuse = torch.ops.fxfuse
@@ -149,7 +150,7 @@ def _one_shot(x, residual, weight, group_name, eps, norm_args, quant_args):
 # --- all-reduce → [residual add →] RMSNorm ------------------------------------------------------
 
 
-@torch.library.custom_op("fxfuse::allreduce_rms_norm", mutates_args=())
+@fused_op("fxfuse::allreduce_rms_norm", mutates_args=())
 def allreduce_rms_norm(
     x: torch.Tensor,
     residual: torch.Tensor | None,
@@ -176,7 +177,7 @@ def _(x, residual, weight, group_name, eps, *norm_args):
 # --- all-reduce → [residual add →] RMSNorm → quant ----------------------------------------------
 
 
-@torch.library.custom_op("fxfuse::allreduce_rms_norm_quant", mutates_args=())
+@fused_op("fxfuse::allreduce_rms_norm_quant", mutates_args=())
 def allreduce_rms_norm_quant(
     x: torch.Tensor,
     residual: torch.Tensor | None,
@@ -214,7 +215,7 @@ def _(x, residual, weight, group_name, eps, *args):
 # --- all-reduce → [residual add →] RMSNorm → quant → GEMM ---------------------------------------
 
 
-@torch.library.custom_op("fxfuse::allreduce_rms_norm_quant_gemm", mutates_args=())
+@fused_op("fxfuse::allreduce_rms_norm_quant_gemm", mutates_args=())
 def allreduce_rms_norm_quant_gemm(
     x: torch.Tensor,
     residual: torch.Tensor | None,

@@ -34,6 +34,7 @@ from fxfuse.runtime.dispatch import (  # noqa: F401 - the backend names are also
     gemm_backend_override,
     use_triton,
 )
+from fxfuse.runtime.registry import fused_op
 from fxfuse.runtime.target import detect_target, interpreting
 
 
@@ -186,7 +187,7 @@ def _gemm_mxfp4(q, x_scale, w, w_scale, out_dtype):
     return gemm_ref.gemm_mxfp4_ref(q, x_scale, w, w_scale, out_dtype)
 
 
-@torch.library.custom_op("fxfuse::gemm_fp8", mutates_args=())
+@fused_op("fxfuse::gemm_fp8", mutates_args=())
 def gemm_fp8(
     q: torch.Tensor,
     x_scale: torch.Tensor,
@@ -204,7 +205,7 @@ def _(q, x_scale, w, w_scale, out_dtype=torch.bfloat16):
     return q.new_empty((q.shape[0], w.shape[0]), dtype=out_dtype)
 
 
-@torch.library.custom_op("fxfuse::gemm_mxfp4", mutates_args=())
+@fused_op("fxfuse::gemm_mxfp4", mutates_args=())
 def gemm_mxfp4(
     q: torch.Tensor,
     x_scale: torch.Tensor,
@@ -296,7 +297,7 @@ def _gemm_fake(x, w, quant_args, out_dtype, max_m):
     return x.new_empty((_rows(x), w.shape[0]), dtype=out_dtype)
 
 
-@torch.library.custom_op("fxfuse::rms_norm_quant_gemm", mutates_args=())
+@fused_op("fxfuse::rms_norm_quant_gemm", mutates_args=())
 def rms_norm_quant_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -334,7 +335,7 @@ def _(x, weight, eps, *args):
     return _gemm_fake(x, w, quant_args, out_dtype, max_m)
 
 
-@torch.library.custom_op("fxfuse::add_rms_norm_quant_gemm", mutates_args=())
+@fused_op("fxfuse::add_rms_norm_quant_gemm", mutates_args=())
 def add_rms_norm_quant_gemm(
     x: torch.Tensor,
     residual: torch.Tensor,
@@ -372,7 +373,7 @@ def _(x, residual, weight, eps, *args):
     return _gemm_fake(x, w, quant_args, out_dtype, max_m), torch.empty_like(x)
 
 
-@torch.library.custom_op("fxfuse::quant_gemm", mutates_args=())
+@fused_op("fxfuse::quant_gemm", mutates_args=())
 def quant_gemm(
     x: torch.Tensor,
     quant: str,
@@ -398,11 +399,12 @@ def quant_gemm(
     x = x.reshape(-1, x.shape[-1])
     if x.shape[0] <= prologue_quant_max_m:
         return _prequant_gemm(x, w, w_scale, out_dtype, quant_args)
+    # The quant ops' implementations, called directly: this op is already past the dispatcher.
     if quant == "mxfp4":
-        q, scale = torch.ops.fxfuse.quant_mxfp4(x, rounding)
+        q, scale = norm_quant_ops.quant_mxfp4.impl(x, rounding)
     else:
-        q, scale = torch.ops.fxfuse.quant_fp8(x, group_size, fp8_dtype, quant_eps, eps_on_scale,
-                                              apply_reciprocal, False)
+        q, scale = norm_quant_ops.quant_fp8.impl(x, group_size, fp8_dtype, quant_eps,
+                                                 eps_on_scale, apply_reciprocal, False)
     return _quantized_gemm(q, scale, w, w_scale, out_dtype, quant_args)
 
 

@@ -27,6 +27,7 @@ import torch
 from fxfuse.kernels import gemm_split_cat_ref as ref
 from fxfuse.runtime import launch_tables
 from fxfuse.runtime.dispatch import BACKEND_VENDOR, gemm_backend_override, use_triton
+from fxfuse.runtime.registry import fused_op
 from fxfuse.runtime.target import detect_target
 
 # The kernel's dtypes (kernels/gemm_split_cat.py DTYPES; tests check the two agree) and its
@@ -142,7 +143,7 @@ def _vendor_split(x, w, d, sizes):
     return pieces
 
 
-@torch.library.custom_op("fxfuse::gemm_split_cat", mutates_args=())
+@fused_op("fxfuse::gemm_split_cat", mutates_args=())
 def gemm_split_cat(
     x: torch.Tensor, w: torch.Tensor, d: int, s1: int, s2: int, y: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,7 +163,7 @@ def _(x, w, d, s1, s2, y):
     return x.new_empty((m, d, s1 + y.shape[2])), x.new_empty((m, d, s2))
 
 
-@torch.library.custom_op("fxfuse::gemm_split", mutates_args=())
+@fused_op("fxfuse::gemm_split", mutates_args=())
 def gemm_split(x: torch.Tensor, w: torch.Tensor, d: int, sizes: list[int]) -> list[torch.Tensor]:
     """The pieces of split((x @ wᵀ).view(M, d, sum(sizes)), sizes, -1), each contiguous."""
     _check_split(x, w, d, sizes)

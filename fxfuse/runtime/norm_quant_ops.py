@@ -15,6 +15,7 @@ import torch
 from fxfuse.kernels import formats
 from fxfuse.kernels import rms_norm_quant_ref as ref
 from fxfuse.runtime.dispatch import use_triton
+from fxfuse.runtime.registry import fused_op
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -66,7 +67,7 @@ def _norm(x, weight, eps, residual, weight_offset, round_before_weight, out_dtyp
     return y.reshape(x.shape), h.reshape(x.shape)
 
 
-@torch.library.custom_op("fxfuse::rms_norm", mutates_args=())
+@fused_op("fxfuse::rms_norm", mutates_args=())
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -88,7 +89,7 @@ def _(x, weight, eps, weight_offset=0.0, round_before_weight=True, out_dtype=Non
     return x.new_empty(x.shape, dtype=out_dtype or x.dtype)
 
 
-@torch.library.custom_op("fxfuse::add_rms_norm", mutates_args=())
+@fused_op("fxfuse::add_rms_norm", mutates_args=())
 def add_rms_norm(
     x: torch.Tensor,
     residual: torch.Tensor,
@@ -157,7 +158,7 @@ def _empty_scale(x: torch.Tensor, group_size: int, col_major: bool) -> torch.Ten
     return x.new_empty(shape, dtype=torch.float32)
 
 
-@torch.library.custom_op("fxfuse::quant_fp8", mutates_args=())
+@fused_op("fxfuse::quant_fp8", mutates_args=())
 def quant_fp8(
     x: torch.Tensor,
     group_size: int = 0,
@@ -200,7 +201,7 @@ def _check_mxfp4_args(x: torch.Tensor, rounding: str):
         raise ValueError(f"x: last dim must be a multiple of 32 for MXFP4, got {x.shape[-1]}")
 
 
-@torch.library.custom_op("fxfuse::quant_mxfp4", mutates_args=())
+@fused_op("fxfuse::quant_mxfp4", mutates_args=())
 def quant_mxfp4(x: torch.Tensor, rounding: str = "even") -> tuple[torch.Tensor, torch.Tensor]:
     """Canonical MXFP4 quant: (q uint8 (..., K/2), e8m0 scale uint8 (..., K/32))."""
     _check_mxfp4_args(x, rounding)
@@ -262,7 +263,7 @@ def _norm_quant_args(weight_offset, round_before_weight, norm_dtype, reciprocal_
     return norm, quant_args
 
 
-@torch.library.custom_op("fxfuse::rms_norm_quant", mutates_args=())
+@fused_op("fxfuse::rms_norm_quant", mutates_args=())
 def rms_norm_quant(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -294,7 +295,7 @@ def _(x, weight, eps, *args):
     return q, scale
 
 
-@torch.library.custom_op("fxfuse::add_rms_norm_quant", mutates_args=())
+@fused_op("fxfuse::add_rms_norm_quant", mutates_args=())
 def add_rms_norm_quant(
     x: torch.Tensor,
     residual: torch.Tensor,

@@ -13,6 +13,7 @@ import torch
 
 from fxfuse.kernels import topk_ref as ref
 from fxfuse.runtime.dispatch import use_triton
+from fxfuse.runtime.registry import fused_op
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -68,7 +69,7 @@ def _check_page_transform(scores, k, lengths, page_table, page_size, row_starts,
         )
 
 
-@torch.library.custom_op("fxfuse::topk_page_transform", mutates_args=())
+@fused_op("fxfuse::topk_page_transform", mutates_args=())
 def topk_page_transform(
     scores: torch.Tensor,
     k: int,
@@ -120,7 +121,7 @@ def _check_block_table(block_scores, k, positions, block_size, n_init, n_local, 
         )
 
 
-@torch.library.custom_op("fxfuse::topk_block_table", mutates_args=())
+@fused_op("fxfuse::topk_block_table", mutates_args=())
 def topk_block_table(
     block_scores: torch.Tensor,
     k: int,
@@ -194,7 +195,7 @@ def _check_mask(scores, k, lengths, block_size, dtype, masked_value, selected_va
     return _mask_kind(dtype, masked_value, selected_value)
 
 
-@torch.library.custom_op("fxfuse::topk_mask", mutates_args=())
+@fused_op("fxfuse::topk_mask", mutates_args=())
 def topk_mask(
     scores: torch.Tensor,
     k: int,
