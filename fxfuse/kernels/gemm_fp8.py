@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from fxfuse.kernels import formats
+from fxfuse.kernels._plans import launch, planned
 from fxfuse.kernels.gemm_ref import (
     FP8_BLOCK,
     OUT_DTYPES,
@@ -472,7 +473,7 @@ def _launch(
     asm, ask = _scale_strides(a_scale)
     wsn, wsk = _scale_strides(w_scale)
     qsm, qsk = (0, 0) if q_scale_out is None else _scale_strides(q_scale_out)
-    _gemm_fp8_kernel[(tiles, split_k)](
+    launch(_gemm_fp8_kernel, (tiles, split_k),
         a_t,
         a_scale,
         w.view(torch.uint8),
@@ -529,6 +530,7 @@ def _check_runnable(t: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name}: a CPU tensor needs Triton's interpreter (TRITON_INTERPRET=1)")
 
 
+@planned
 def gemm_fp8(
     q: torch.Tensor,
     x_scale: torch.Tensor,
@@ -560,6 +562,7 @@ def gemm_fp8(
     return out
 
 
+@planned
 def gemm_a16w8(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -622,7 +625,7 @@ def gemm_a16w8(
         a_scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
         row_block = min(4096, 1 << (max(k, 16) - 1).bit_length())
         if m:
-            _row_scale_kernel[(m,)](
+            launch(_row_scale_kernel, (m,),
                 x,
                 a_scale,
                 m,

@@ -60,6 +60,7 @@ import triton
 import triton.language as tl
 
 from fxfuse.kernels import formats
+from fxfuse.kernels._plans import launch, planned
 from fxfuse.kernels.gemm_fp8 import (
     _cdiv,
     _split_k_reduce,
@@ -435,7 +436,7 @@ def _launch(
     qs_t = out if q_scale_out is None else q_scale_out
     # The interpreter's bf16 dot is broken (triton 3.6): dot the same exact values in fp32.
     dot_dtype = tl.float32 if interpreting() else tl.bfloat16
-    return _gemm_mxfp4_kernel[(tiles, split_k)](
+    return launch(_gemm_mxfp4_kernel, (tiles, split_k),
         a,
         a_scale,
         w,
@@ -497,6 +498,7 @@ def _check_runnable(t: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name}: a CPU tensor needs Triton's interpreter (TRITON_INTERPRET=1)")
 
 
+@planned
 def gemm_mxfp4(
     q: torch.Tensor,
     x_scale: torch.Tensor,
@@ -550,6 +552,7 @@ def gemm_mxfp4(
     return out
 
 
+@planned
 def gemm_a16wfp4(
     x: torch.Tensor,
     w: torch.Tensor,

@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fxfuse.kernels._plans import launch, planned
 from fxfuse.kernels.rms_norm_quant import _round_to
 from fxfuse.runtime import launch_tables
 from fxfuse.runtime.target import detect_target, interpreting
@@ -523,7 +524,7 @@ def _launch_head_tiles(x, w, d, out, c2, y, cfg, k_iters) -> None:
         index = x.device.index if x.device.index is not None else torch.cuda.current_device()
         programs = _sm_count(index)
         grid = min(programs, tiles)
-    _head_tile_kernel[(grid,)](
+    launch(_head_tile_kernel, (grid,),
         x_desc, w_desc, out_desc, c2_desc, y, out,
         m, s, s + s3, s3,
         *y.stride(),
@@ -587,7 +588,7 @@ def _launch(
     else:
         partial = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
         gemm_programs = plan["tiles"] * split_k
-    _gemm_split_cat_kernel[(gemm_programs,)](
+    launch(_gemm_split_cat_kernel, (gemm_programs,),
         x, w, y_arg, partial, *dst,
         *sizes,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), *y_strides,
@@ -599,7 +600,7 @@ def _launch(
     )  # fmt: skip
     if split_k > 1:
         reduce_m, reduce_n, reduce_tiles, reduce_epilogue = plan["reduce"]
-        _split_k_reduce_kernel[(reduce_tiles + plan["copy_programs"],)](
+        launch(_split_k_reduce_kernel, (reduce_tiles + plan["copy_programs"],),
             partial, y_arg, *dst,
             m, n, d, sum(widths), w_pad[0], w_pad[1], w_pad[2], *ld, s3,
             *y_strides,
@@ -609,6 +610,7 @@ def _launch(
         )  # fmt: skip
 
 
+@planned
 def gemm_split_cat(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -643,6 +645,7 @@ def gemm_split_cat(
     return out, c2
 
 
+@planned
 def gemm_split(
     x: torch.Tensor,
     w: torch.Tensor,

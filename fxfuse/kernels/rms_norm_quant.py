@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from fxfuse.kernels import formats
+from fxfuse.kernels._plans import launch, planned
 from fxfuse.runtime import launch_tables
 from fxfuse.runtime.target import TARGETS, detect_target, interpreting
 
@@ -747,7 +748,7 @@ def _launch(
             "TILE_CHUNKS": min(tile_chunks, triton.next_power_of_2(num_groups)),
             "NUM_TILES": triton.cdiv(num_groups, tile_chunks),
         }
-    kernel[(triton.cdiv(m, rows),)](
+    launch(kernel, (triton.cdiv(m, rows),),
         x,
         residual_t,
         weight_t,
@@ -792,6 +793,7 @@ def _launch(
     )
 
 
+@planned
 def rms_norm_quant(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -889,6 +891,7 @@ def _quant_outputs(x, quant, group_size, fp8_dtype, scale_col_major, rounding):
     return quant_kind, group, chunk, q, scale
 
 
+@planned
 def quant(
     x: torch.Tensor,
     *,
@@ -940,6 +943,7 @@ def quant(
     return q, scale
 
 
+@planned
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,

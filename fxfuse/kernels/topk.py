@@ -78,6 +78,7 @@ import triton
 import triton.language as tl
 
 from fxfuse.kernels import topk_ref
+from fxfuse.kernels._plans import launch, planned
 from fxfuse.runtime import launch_tables
 from fxfuse.runtime.target import TARGETS, detect_target, interpreting
 
@@ -1093,7 +1094,7 @@ def _launch(
     }
 
     def run(grid, stage, epi, srt, cap_, region_base):
-        _topk_kernel[(grid,)](
+        launch(_topk_kernel, (grid,),
             scores,
             dummy if lengths is None else lengths,
             dummy if row_starts is None else row_starts,
@@ -1184,7 +1185,7 @@ def _launch_multi(
     for row_base in range(0, rows, group):
         group_rows = min(group, rows - row_base)
         if plan["estimate"]:
-            _topk_sample_kernel[(group_rows,)](
+            launch(_topk_sample_kernel, (group_rows,),
                 scores, dummy if lengths is None else lengths,
                 dummy if row_starts is None else row_starts, state,
                 length, k, row_base, scores.stride(0), scores.stride(1),
@@ -1194,7 +1195,7 @@ def _launch_multi(
                 num_warps=plan["warps"],
             )  # fmt: skip
         for stage in (MULTI_FIRST.value, MULTI_RETRY.value):
-            _topk_multi_kernel[(group_rows * plan["segments"],)](
+            launch(_topk_multi_kernel, (group_rows * plan["segments"],),
                 scores, dummy if lengths is None else lengths,
                 dummy if row_starts is None else row_starts,
                 dummy if row_to_batch is None else row_to_batch,
@@ -1214,6 +1215,7 @@ def _launch_multi(
     return state.view(rows, STATE_WORDS.value)
 
 
+@planned
 def topk_indices(
     scores: torch.Tensor,
     k: int,
@@ -1249,6 +1251,7 @@ def topk_indices(
     return out
 
 
+@planned
 def topk_page_transform(
     scores: torch.Tensor,
     k: int,
@@ -1308,6 +1311,7 @@ def topk_page_transform(
     return out
 
 
+@planned
 def topk_block_table(
     block_scores: torch.Tensor,
     k: int,
@@ -1381,6 +1385,7 @@ def topk_block_table(
     return blocks, pages, ctx.reshape(lead)
 
 
+@planned
 def topk_mask(
     scores: torch.Tensor,
     k: int,
