@@ -17,7 +17,7 @@ every tensor argument of its launches is an input, a fresh allocation or a persi
 the module, the record becomes a plan. Later calls with the signature allocate the same buffers
 and call the compiled kernels' launchers directly with the new pointers. Anything else (CPU or
 interpreter tensors, unhashable arguments, device work that is not a launch, a grid that is a
-function, launch hooks set, recording inside a CUDA graph capture or inside another plan's
+function, launch hooks set, a call inside a CUDA graph capture, a call inside another plan's
 recording) runs the wrapper as written: a plan changes nothing but host time.
 """
 
@@ -175,6 +175,10 @@ def _signature(args, kwargs):
     return tuple(key), tensors
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _current_stream(device_index: int):
     """The raw current stream Triton launches on (what JITFunction.run passes)."""
     return triton.runtime.driver.active.get_current_stream(device_index)
@@ -314,6 +318,10 @@ def planned(wrapper):
         signature = _signature(args, kwargs)
         if signature is None:
             return wrapper(*args, **kwargs)
+        if _capturing():
+            # In a capture the wrapper's stream-keyed buffers (split-K counters) are the capture
+            # stream's, and a recording's allocations would belong to the graph: run it as written.
+            return wrapper(*args, **kwargs)
         key, tensors = signature
         plan = plans.get(key)
         if plan is not None:
@@ -321,8 +329,6 @@ def planned(wrapper):
                 return plan.run(tensors)
             if plan >= _ATTEMPTS:
                 return wrapper(*args, **kwargs)  # this signature does not plan
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            return wrapper(*args, **kwargs)  # its allocations would belong to the graph
         record = _Record()
         _state.record = record
         try:

@@ -230,3 +230,24 @@ def test_gpu_gemm_and_topk_wrappers_replay_bit_exact(m, monkeypatch):
     _twice_planned_and_not(lambda: topk.topk_mask(scores, 64), monkeypatch)
     assert any(isinstance(p, _plans._Plan) for p in gemm_fp8.gemm_fp8.plans.values())
     assert any(isinstance(p, _plans._Plan) for p in topk.topk_mask.plans.values())
+
+
+@gpu
+def test_gpu_capture_runs_the_wrapper_and_replays_match(monkeypatch):
+    """A planned signature captured in a CUDA graph: the capture runs the wrapper as written
+    (stream-keyed buffers are the capture stream's) and the graph's output equals eager's."""
+    from fxfuse.kernels import gemm_fp8
+
+    monkeypatch.setattr(_plans, "enabled", True)
+    q = torch.randn(16, 1024, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(512, 1024, device="cuda").to(torch.float8_e4m3fn)
+    xs, ws = torch.rand(16, 1, device="cuda"), torch.rand(512, device="cuda")
+    eager = [gemm_fp8.gemm_fp8(q, xs, w, ws) for _ in range(3)][-1]  # planned by now
+    plans_before = dict(gemm_fp8.gemm_fp8.plans)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = gemm_fp8.gemm_fp8(q, xs, w, ws)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    assert gemm_fp8.gemm_fp8.plans == plans_before
