@@ -139,11 +139,6 @@ class _LaunchCounter:
         return False
 
 
-def _touches_device(args, kwargs, out) -> bool:
-    flat = torch.utils._pytree.tree_leaves((args, kwargs or {}, out))
-    return any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in flat)
-
-
 # Device types whose calls are planned (tests add "cpu" to run the machinery with fake kernels).
 DEVICE_TYPES = ("cuda",)
 _ATTEMPTS = 2  # recordings of one signature before it is left to the wrapper for good

@@ -42,14 +42,9 @@ class FusedOp:
         self.qualname = qualname
         self.impl = impl
         self._lib = lib
-        self._name = name
+        self.default: torch._ops.OpOverload = getattr(getattr(torch.ops, namespace), name).default
         self.__doc__ = impl.__doc__
         self.__name__ = name
-
-    @property
-    def default(self) -> torch._ops.OpOverload:
-        namespace = self.qualname.partition("::")[0]
-        return getattr(getattr(torch.ops, namespace), self._name).default
 
     def __call__(self, *args, **kwargs):
         return self.default(*args, **kwargs)
@@ -67,7 +62,9 @@ def fused_op(qualname: str, *, mutates_args: Iterable[str] = ()) -> Callable[[Ca
     """Decorator: define `qualname` from the function's annotations (as torch.library.custom_op
     infers them) and register the function as its kernel for every backend."""
     if isinstance(mutates_args, str):
-        raise ValueError(f"mutates_args: expected an iterable of argument names, got {mutates_args!r}")
+        raise ValueError(
+            f"mutates_args: expected an iterable of argument names, got {mutates_args!r}"
+        )
 
     def register(impl: Callable) -> FusedOp:
         return FusedOp(qualname, impl, mutates_args)

@@ -6,6 +6,8 @@ the GPU tests at the end run the real wrappers twice, planned and not, and compa
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import triton
@@ -45,8 +47,6 @@ class FakeKernel:
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
-            import inspect
-
             bound = inspect.signature(self.fn).bind(*args, **kwargs)
             bound.apply_defaults()
             hook = triton.knobs.runtime.launch_enter_hook
