@@ -72,7 +72,8 @@ def _select_kernel(
 ):
     row = tl.program_id(0)
     _select_candidates(
-        keys_ptr, idx_ptr, row * AREA, m, k, row * AREA + CAP, idx_bits, CAP, RADIX_BITS
+        keys_ptr, idx_ptr, row * AREA, m, k, row * AREA + CAP, idx_bits, CAP, RADIX_BITS,
+        0,  # SELECT_RADIX: the select these 2026-12-03 figures measured
     )
 
 

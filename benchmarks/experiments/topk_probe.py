@@ -6,6 +6,8 @@ scores and keeps a max, at the multi path's segment size).
 Every variant is checked exact against torch.topk's set (`topk_ref`) before it is timed.
 
     PYTHONPATH=. python benchmarks/experiments/topk_probe.py [--out FILE.json] [--quick]
+    ... --suite tile     register-tile rows against streaming, launch variants
+    ... --suite select   the tile select's radix descent against the bisection (TILE_SELECT)
 """
 
 from __future__ import annotations
@@ -154,11 +156,89 @@ def tile_suite(emit, dev) -> None:
                 )
 
 
+def select_suite(emit, dev) -> None:
+    """The register-tile select's two descents (TILE_SELECT 0 radix histograms, 1 bisection):
+    tile rows (indices, bool mask, the layer's causal masked-tail mask) and the multi-program
+    path, whose rows finish with the same select over their candidates."""
+    tile_cases = [(4096, 4096, 2048), (4096, 4096, 512), (16384, 2048, 256), (1024, 8192, 2048),
+                  (2048, 1024, 64)]  # fmt: skip
+    tile_variants = [("radix", {"TILE_SELECT": 0}), ("bisect", {"TILE_SELECT": 1})]
+    for w in (4, 8):
+        for per_sm in (2, 4, 8):
+            tile_variants.append(
+                (f"bisect_w{w}_p{per_sm}",
+                 {"TILE_SELECT": 1, "num_warps": w, "PROGRAMS_PER_SM": per_sm})
+            )  # fmt: skip
+    for rows, length, k in tile_cases:
+        g = torch.Generator(device=dev).manual_seed(rows + k)
+        scores = torch.randn(rows, length, device=dev, generator=g)
+        roof = rows * length * 4 / COPY_BYTES_PER_US
+        ref_sets = torch.topk(scores, k, dim=1).indices.sort(1).values
+        ref_mask = torch.ones_like(scores, dtype=torch.bool).scatter_(
+            1, torch.topk(scores, k, dim=1).indices, False
+        )
+        causal = None
+        if rows == length:
+            # The layer's indexer: row r sees r + 1 scores, the rest masked to -inf.
+            causal = torch.arange(1, rows + 1, device=dev, dtype=torch.int32)
+            masked = scores.masked_fill(
+                torch.arange(length, device=dev)[None, :] >= causal[:, None], float("-inf")
+            )
+            ref_causal = torch.ones_like(scores, dtype=torch.bool).scatter_(
+                1, torch.topk(masked, k, dim=1).indices, False
+            )
+        whats = ["indices", "mask"] + (["causal_mask"] if causal is not None else [])
+        for name, cfg in tile_variants:
+            for what in whats:
+                if name.startswith("bisect_w") and what != "mask":
+                    continue
+
+                def fn(s=scores, k=k, cfg=cfg, what=what):
+                    if what == "mask":
+                        return topk.topk_mask(s, k, config=cfg)
+                    if what == "causal_mask":
+                        return topk.topk_mask(s, k, causal, masked_tail=True, config=cfg)
+                    return topk.topk_indices(s, k, config=cfg, path="row")
+
+                try:
+                    got = fn()
+                    if what == "mask":
+                        ok = bool(torch.equal(got, ref_mask))
+                    elif what == "causal_mask":
+                        ok = bool(torch.equal(got, ref_causal))
+                    else:
+                        ok = bool(torch.equal(got.long().sort(1).values, ref_sets))
+                    us = triton.testing.do_bench_cudagraph(fn, rep=30) * 1e3
+                except Exception as e:  # noqa: BLE001 - a variant that cannot launch is reported
+                    emit({"suite": "select", "shape": [rows, length, k], "variant": name,
+                          "what": what, "error": repr(e)[:200]})  # fmt: skip
+                    continue
+                emit({"suite": "select", "shape": [rows, length, k], "variant": name,
+                      "what": what, "exact": ok, "us": round(us, 2),
+                      "x_roofline": round(us / roof, 2)})  # fmt: skip
+    for rows, length, k in ((1, 131072, 2048), (64, 131072, 2048), (64, 131072, 512),
+                            (256, 131072, 2048)):  # fmt: skip
+        g = torch.Generator(device=dev).manual_seed(rows + k)
+        scores = torch.randn(rows, length, device=dev, generator=g)
+        ref_sets = torch.topk(scores, k, dim=1).indices.sort(1).values
+        for name, sel in (("radix", 0), ("bisect", 1)):
+
+            def fn(s=scores, k=k, sel=sel):
+                return topk.topk_indices(s, k, config={"TILE_SELECT": sel}, path="multi")
+
+            got = fn()
+            ok = bool(torch.equal(got.long().sort(1).values, ref_sets))
+            bench = triton.testing.do_bench_cudagraph if rows <= 64 else triton.testing.do_bench
+            us = bench(fn, rep=30) * 1e3
+            emit({"suite": "select", "shape": [rows, length, k], "variant": name,
+                  "what": "multi_indices", "exact": ok, "us": round(us, 2)})  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--suite", default="paths", choices=("paths", "tile"))
+    parser.add_argument("--suite", default="paths", choices=("paths", "tile", "select"))
     args = parser.parse_args()
     dev = torch.device("cuda")
     t0 = time.time()
@@ -171,8 +251,8 @@ def main() -> int:
             with open(args.out, "w") as f:
                 json.dump(results, f, indent=1)
 
-    if args.suite == "tile":
-        tile_suite(emit, dev)
+    if args.suite in ("tile", "select"):
+        (tile_suite if args.suite == "tile" else select_suite)(emit, dev)
         return 0
     shapes = [
         (1, 8192, 512),

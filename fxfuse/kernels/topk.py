@@ -26,10 +26,14 @@ Per row, one program (a persistent grid walks the rows), in three phases:
    writes every one of the k slots: indices / page ids, block ids + page ids + ctx length, or
    the mask scatter (the mask row was filled with "masked" before phase 1).
 Rows that fit a register tile (length <= the table's TILE_MAX, and not split): phases 1–2 are
-one load of the whole row as a tile, its keys, and the same radix descent (then the index
-bits among the k-th key's ties) in registers; the selected pairs go to the program's slots for
-phase 3, and a mask row is written once, densely (selected or masked per column), instead of
-filled and then scattered. No candidate buffer, no passes over global memory.
+one load of the whole row as a tile, its keys, and a descent to the k-th key in registers
+(`_take_top`; then the index bits among the k-th key's ties); the selected pairs go to the
+program's slots for phase 3, and a mask row is written once, densely (selected or masked per
+column), instead of filled and then scattered. No candidate buffer, no passes over global
+memory. The descent (TILE_SELECT) bisects by default: one count of the keys >= a trial value
+per bit, stopping as soon as exactly k reach it; the radix descent's histograms pile shared-
+memory atomics onto a few bins and measured 1.2-1.6x slower (benchmarks/NOTES.md, 2026-12-04
+night). The multi-program path's finishing select over its candidates uses the same descent.
 Few long rows: phases 1–2 run per segment of a row (STAGE_SEGMENT, one program per segment,
 exact top-k per segment into a pair area), then one program per row selects the top-k of the
 union (STAGE_MERGE). Ties stay exact: the merge breaks them by index bits.
@@ -122,6 +126,9 @@ ST_RETRY_COUNT = tl.constexpr(5)
 ST_RETRY_TICKET = tl.constexpr(6)
 STATE_WORDS = tl.constexpr(8)
 SELECT_BITS = tl.constexpr(5)      # 32-bin histograms: the fewest ballots per resolved bit
+# The register-tile select (`_take_top`): its descent to the k-th key.
+SELECT_RADIX = tl.constexpr(0)     # RADIX_BITS-digit histograms (tl.histogram)
+SELECT_BISECT = tl.constexpr(1)    # one count per bit, stopping at an exact k
 FALLBACK_BLOCK = tl.constexpr(1024)  # chunk of the whole-row fallback (the row path's machinery)
 SAMPLE_SECTOR = tl.constexpr(16)   # consecutive scores per sample position (one 64 B line of fp32)
 
@@ -439,7 +446,7 @@ def _topk_kernel(
     MASK_SELECTED: tl.constexpr,
     # meta-parameters
     BLOCK: tl.constexpr, CAP: tl.constexpr, K_PAD: tl.constexpr, RADIX_BITS: tl.constexpr,
-    TILE: tl.constexpr, TILE_BITS: tl.constexpr,
+    TILE: tl.constexpr, TILE_BITS: tl.constexpr, SELECT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -485,7 +492,7 @@ def _topk_kernel(
             key = _row_keys(
                 x, offs, offs, valid, n_load, last, n_init, n_local, LENGTHS == LEN_POSITIONS
             )
-            take = _take_top(key, offs, valid, n, k, TILE_BITS, RADIX_BITS)
+            take = _take_top(key, offs, valid, n, k, TILE_BITS, RADIX_BITS, SELECT)
             if EPILOGUE == EPI_MASK:
                 # The mask row written once, densely: selected or masked per column (no
                 # _finish below).
@@ -619,28 +626,62 @@ def _radix_edge_global(keys_ptr, base, count, need, BLOCK: tl.constexpr,
 
 
 @triton.jit
-def _take_top(key, idx, valid, m, k, idx_bits, RADIX_BITS: tl.constexpr):
+def _bisect_edge(v, match, need, top_bit):
+    """(t, c): the largest uint32 t with c = #(v[match] >= t) >= need (need <= the set's size),
+    one count per bit from top_bit down (v < 2**(top_bit + 1)). Stops early at a t with
+    c == need: {v >= t} is then exactly the top `need`. Otherwise (all bits resolved, c > need)
+    t is the need-th largest value and it is tied. Counting only (a compare and a sum per
+    element and bit): no histogram, so no shared-memory atomics piling onto a few bins."""
+    t = tl.full((), 0, tl.uint32)
+    c = tl.sum(match.to(tl.int32), 0)
+    b = tl.full((), 0, tl.int32) + top_bit
+    while (b >= 0) & (c != need):
+        trial = t | (tl.full((), 1, tl.uint32) << b.to(tl.uint32))
+        cnt = tl.sum((match & (v >= trial)).to(tl.int32), 0)
+        t = tl.where(cnt >= need, trial, t)
+        c = tl.where(cnt >= need, cnt, c)
+        b -= 1
+    return t, c
+
+
+@triton.jit
+def _take_top(key, idx, valid, m, k, idx_bits, RADIX_BITS: tl.constexpr, SELECT: tl.constexpr):
     """Mask of exactly the top min(k, m) of the m present (valid) pairs of a register tile,
-    lower index first among equal keys (indices distinct, < 2**idx_bits)."""
+    lower index first among equal keys (indices distinct, < 2**idx_bits). SELECT: the descent,
+    SELECT_BISECT (counting per bit) or SELECT_RADIX (histograms of RADIX_BITS digits)."""
     take = valid
     if m > k:
-        prefix, s, need, in_bin = _radix_edge(key, valid, k, 32, RADIX_BITS)
-        above = valid & ((key >> s) > prefix)
-        tie = valid & ((key >> s) == prefix)
-        take_tie = tie
-        if in_bin != need:
-            # The k-th key itself is tied (s == 0): its `need` lowest indices win. Indices are
-            # distinct, so this descent always ends with a bin of exactly `need`.
-            rank = (idx ^ ((1 << idx_bits) - 1)).to(tl.uint32)
-            r_prefix, r_s, _, _ = _radix_edge(rank, tie, need, idx_bits, RADIX_BITS)
-            take_tie = tie & ((rank >> r_s) >= r_prefix)
-        take = above | take_tie
+        if SELECT == SELECT_BISECT:
+            t, c = _bisect_edge(key, valid, k, 31)
+            take = valid & (key >= t)
+            if c != k:
+                # The k-th key t is tied: all keys above it, then its `need` lowest indices
+                # (distinct ranks: the rank descent ends with exactly `need`).
+                tie = valid & (key == t)
+                above = take & (key != t)
+                need = k - tl.sum(above.to(tl.int32), 0)
+                rank = (idx ^ ((1 << idx_bits) - 1)).to(tl.uint32)
+                r_t, _ = _bisect_edge(rank, tie, need, idx_bits - 1)
+                take = above | (tie & (rank >= r_t))
+        else:
+            prefix, s, need, in_bin = _radix_edge(key, valid, k, 32, RADIX_BITS)
+            above = valid & ((key >> s) > prefix)
+            tie = valid & ((key >> s) == prefix)
+            take_tie = tie
+            if in_bin != need:
+                # The k-th key itself is tied (s == 0): its `need` lowest indices win. Indices
+                # are distinct, so this descent always ends with a bin of exactly `need`.
+                rank = (idx ^ ((1 << idx_bits) - 1)).to(tl.uint32)
+                r_prefix, r_s, _, _ = _radix_edge(rank, tie, need, idx_bits, RADIX_BITS)
+                take_tie = tie & ((rank >> r_s) >= r_prefix)
+            take = above | take_tie
     return take
 
 
 @triton.jit
 def _select_candidates(
     keys_ptr, idx_ptr, src, m, k, dst, idx_bits, CAP: tl.constexpr, RADIX_BITS: tl.constexpr,
+    SELECT: tl.constexpr,
 ):
     """Exactly the top k of the k <= m <= CAP candidate pairs at src (stored by other programs),
     lower index first among equal keys, into dst .. dst + k - 1 (any order)."""
@@ -649,7 +690,7 @@ def _select_candidates(
     key = tl.load(keys_ptr + src + offs, mask=valid, other=0, cache_modifier=".cg")
     key = key.to(tl.uint32, bitcast=True)
     idx = tl.load(idx_ptr + src + offs, mask=valid, other=0, cache_modifier=".cg")
-    take = _take_top(key, idx, valid, m, k, idx_bits, RADIX_BITS)
+    take = _take_top(key, idx, valid, m, k, idx_bits, RADIX_BITS, SELECT)
     pos = dst + tl.cumsum(take.to(tl.int32), 0) - 1
     tl.store(keys_ptr + pos, key.to(tl.int32, bitcast=True), mask=take)
     tl.store(idx_ptr + pos, idx, mask=take)
@@ -786,7 +827,7 @@ def _topk_multi_kernel(
     LOG2_PAGE: tl.constexpr, ESTIMATE: tl.constexpr,
     # meta-parameters
     BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CAP: tl.constexpr, AREA: tl.constexpr,
-    K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
+    K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, SELECT: tl.constexpr,
 ):
     """One program per (row of this group, segment); see the module docstring."""
     SEGMENT: tl.constexpr = BLOCK * CHUNKS
@@ -833,7 +874,8 @@ def _topk_multi_kernel(
                 m = tl.atomic_add(state + ST_COUNT, 0, sem="acquire")
                 if (m >= k) & (m <= CAP):
                     _select_candidates(
-                        keys_ptr, idx_ptr, area, m, k, area + CAP, idx_bits, CAP, RADIX_BITS
+                        keys_ptr, idx_ptr, area, m, k, area + CAP, idx_bits, CAP, RADIX_BITS,
+                        SELECT,
                     )
                     _emit(
                         keys_ptr, idx_ptr, area + CAP, k, k, pad, row, row64, out_ptr,
@@ -864,7 +906,8 @@ def _topk_multi_kernel(
                 m = tl.atomic_add(state + ST_RETRY_COUNT, 0, sem="acquire")
                 if (m >= k) & (m <= CAP):
                     _select_candidates(
-                        keys_ptr, idx_ptr, area, m, k, area + CAP, idx_bits, CAP, RADIX_BITS
+                        keys_ptr, idx_ptr, area, m, k, area + CAP, idx_bits, CAP, RADIX_BITS,
+                        SELECT,
                     )
                     out_slots = area + CAP
                     n_sel = k
@@ -898,7 +941,9 @@ MULTI_FIELDS = (
 TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # Not in the table: chosen per call (SEGMENTS > 1 splits each row over that many programs;
 # MULTI_ESTIMATE 0 skips the sample estimate, every long row then takes MULTI_RETRY).
-OVERRIDE_FIELDS = (*TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE")
+# TILE_SELECT: the register-tile select's descent, SELECT_RADIX or SELECT_BISECT (default
+# DEFAULT_TILE_SELECT).
+OVERRIDE_FIELDS = (*TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT")
 PATHS = ("auto", "row", "multi")
 PATH_ENV = "FXFUSE_TOPK_PATH"
 # Scratch of the multi-program path per launch group; more rows run as several groups.
@@ -907,6 +952,7 @@ MAX_K = 2048
 # The row path's register-tile mode (rows of length <= the table's TILE_MAX): at most this.
 MAX_TILE = 16384
 INDEX_DTYPES = (torch.int32, torch.int64)
+DEFAULT_TILE_SELECT = SELECT_BISECT.value
 # The interpreter runs programs one after another: a small persistent grid suffices.
 CPU_PROGRAMS = 2
 
@@ -960,6 +1006,7 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     resolved = launch_tables.lookup(KERNEL_NAME, target, rows=rows, length=length, topk=k)
     resolved["SEGMENTS"] = 0  # 0: decided by _num_segments
     resolved["MULTI_ESTIMATE"] = 1
+    resolved["TILE_SELECT"] = DEFAULT_TILE_SELECT
     if config:
         unknown = sorted(set(config) - set(OVERRIDE_FIELDS))
         if unknown:
@@ -990,6 +1037,8 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     check("MULTI_SAMPLE", lambda v: v >= 2 * SAMPLE_SECTOR.value and pow2(v),
           f"a power of 2 >= {2 * SAMPLE_SECTOR.value}")  # fmt: skip
     check("MULTI_ESTIMATE", lambda v: v in (0, 1), "0 or 1")
+    check("TILE_SELECT", lambda v: v in (SELECT_RADIX.value, SELECT_BISECT.value),
+          f"{SELECT_RADIX.value} (radix) or {SELECT_BISECT.value} (bisect)")  # fmt: skip
     return resolved
 
 
@@ -1090,6 +1139,7 @@ def _launch(
         "BLOCK": block,
         "K_PAD": k_pad,
         "RADIX_BITS": radix,
+        "SELECT": cfg["TILE_SELECT"],
         "num_warps": warps,
     }
 
@@ -1210,7 +1260,7 @@ def _launch_multi(
                 LOG2_PAGE=page_size.bit_length() - 1, ESTIMATE=plan["estimate"],
                 BLOCK=plan["block"], CHUNKS=plan["chunks"], CAP=plan["cap"],
                 AREA=plan["area"], K_PAD=plan["k_pad"], FB_BLOCK=FALLBACK_BLOCK.value,
-                RADIX_BITS=SELECT_BITS.value, num_warps=plan["warps"],
+                RADIX_BITS=SELECT_BITS.value, SELECT=cfg["TILE_SELECT"], num_warps=plan["warps"],
             )  # fmt: skip
     return state.view(rows, STATE_WORDS.value)
 

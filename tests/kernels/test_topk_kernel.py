@@ -16,15 +16,19 @@ from fxfuse.runtime import launch_tables
 
 # BLOCK 128, k <= 64: CAP = 2·128 + k_pad, so rows of a few hundred compact at least once.
 # Each test runs twice: rows streamed through the candidate buffer (TILE_MAX 1: no row fits a
-# tile) and rows taken whole as one register tile (TILE_MAX 16384: every test row fits).
+# tile) and rows taken whole as one register tile (TILE_MAX 16384: every test row fits). `small`
+# also runs the tile's select with the radix descent (TILE_SELECT 0; the default bisects).
 SMALL = {"BLOCK": 128, "TILE_MAX": 1}
 TINY = {"BLOCK": 16, "TILE_MAX": 1}
 TILE = {"TILE_MAX": 16384}
+TILE_RADIX = {"TILE_MAX": 16384, "TILE_SELECT": topk.SELECT_RADIX.value}
 
 
-@pytest.fixture(params=["stream", "tile"])
+@pytest.fixture(params=["stream", "tile", "tile_radix"])
 def small(request):
-    return SMALL if request.param == "stream" else {**SMALL, **TILE}
+    return {"stream": SMALL, "tile": {**SMALL, **TILE}, "tile_radix": {**SMALL, **TILE_RADIX}}[
+        request.param
+    ]
 
 
 @pytest.fixture(params=["stream", "tile"])
@@ -378,6 +382,7 @@ def test_page_transform_pad(tiny):
         (lambda s: topk.topk_indices(s, 4, row_starts=torch.ones(2, 1).int()), "row_starts"),
         (lambda s: topk.topk_indices(s, 4, config={"BLOCKS": 64}), "config"),
         (lambda s: topk.topk_indices(s, 4, config={"BLOCK": 48}), "config"),
+        (lambda s: topk.topk_indices(s, 4, config={"TILE_SELECT": 2}), "config"),
         (lambda s: topk.topk_indices(s, 4, target="sm80"), "target"),
         (lambda s: topk.topk_page_transform(s, 4, None, torch.zeros(3, 2).int(), 16), "lengths"),
         (lambda s: topk.topk_page_transform(s, 4, _len(), torch.zeros(3, 2).int(), 12), "page_size"),
@@ -431,3 +436,29 @@ def test_launch_table_loads():
     for target in launch_tables.TABLE_TARGETS:
         cfg = launch_tables.lookup("topk", target, rows=256, length=131072, topk=2048)
         assert sorted(cfg) == sorted(table["fields"])
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the register-tile rows compiled, both descents, adversarial rows, against the reference
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("select", [topk.SELECT_RADIX.value, topk.SELECT_BISECT.value])
+@pytest.mark.parametrize("name", ADVERSARIAL + ["randn"])
+def test_gpu_tile_rows_adversarial(name, select):
+    """Rows of 4000 (one 4096 tile) at k 2048 and 64: the indices as a set and the bool mask, with
+    per-row lengths around k and masked tails (the DSA indexer's causal rows)."""
+    rows, length = 6, 4000
+    if name == "randn":
+        scores = torch.randn(rows, length, generator=torch.Generator().manual_seed(3))
+    else:
+        scores = _adversarial(name, rows, length)
+    lengths = torch.tensor([length, 2047, 2048, 2049, 3000, 1], dtype=torch.int32)
+    cfg = {"TILE_MAX": 4096, "TILE_SELECT": select}
+    for k in (2048, 64):
+        out = topk.topk_indices(scores.cuda(), k, lengths.cuda(), config=cfg, path="row")
+        _check_indices(scores, k, out.cpu(), lengths=lengths)
+        mask = topk.topk_mask(scores.cuda(), k, lengths.cuda(), masked_tail=True, config=cfg)
+        want = topk_ref.topk_mask_ref(scores, k, lengths, masked_tail=True)
+        assert torch.equal(mask.cpu(), want)
