@@ -20,6 +20,7 @@ Without Triton (CPU, no interpreter) every op runs its torch reference.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -94,10 +95,39 @@ def _vendor_block_ok(q, x_scale, w, w_scale, out_dtype) -> bool:
 
 
 def _vendor_kind(q, x_scale, w, w_scale, out_dtype) -> str | None:
-    """The scale kind (gemm_ref.SCALE_*) when the vendor GEMM runs this call, else None."""
+    """The scale kind (gemm_ref.SCALE_*) when the vendor GEMM runs this call, else None.
+
+    Everything it reads is argument metadata, the backend override, FXFUSE_TARGET and what the
+    device has shown of the blockscale layouts, so the answer is kept per such key (compiled
+    graphs repeat the same few calls; the checks and the table lookup cost more host time than
+    torch._scaled_mm's launch)."""
     choice = gemm_backend_override()
     if choice == "triton" or q.device.type != "cuda" or interpreting():
         return None
+    key = (
+        choice, out_dtype, os.environ.get("FXFUSE_TARGET"),
+        _VENDOR_BLOCK_LAYOUT.get(q.device.index, _UNTRIED),
+        *(_meta(t) for t in (q, x_scale, w, w_scale)),
+    )  # fmt: skip
+    kind = _VENDOR_KINDS.get(key, _UNTRIED)
+    if kind == _UNTRIED:
+        kind = _decide_vendor_kind(choice, q, x_scale, w, w_scale, out_dtype)
+        if len(_VENDOR_KINDS) >= _VENDOR_KINDS_MAX:
+            _VENDOR_KINDS.clear()
+        _VENDOR_KINDS[key] = kind
+    return kind
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return t.shape, t.stride(), t.dtype, t.device
+
+
+# _vendor_kind's answers by metadata key (bounded: cleared when full).
+_VENDOR_KINDS: dict = {}
+_VENDOR_KINDS_MAX = 1024
+
+
+def _decide_vendor_kind(choice, q, x_scale, w, w_scale, out_dtype) -> str | None:
     kind = gemm_ref.check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype)
     if kind == gemm_ref.SCALE_ROWWISE:
         ok, table = _vendor_rowwise_ok(q, x_scale, w, w_scale, out_dtype), "gemm_fp8_backend"
@@ -118,14 +148,22 @@ def _use_vendor(q, x_scale, w, w_scale, out_dtype) -> bool:
 
 
 def _gemm_fp8_vendor(q, x_scale, w, w_scale, out_dtype):
+    """Rowwise / tensorwise A8W8 through torch._scaled_mm (fp32 scales, checked by the caller):
+    (M, 1) and (1, N) contiguous scales, or two scalars. Scales already in that form are passed
+    as they are (no copies, no extra torch calls on the host)."""
     m, n = q.shape[0], w.shape[0]
-    a_s = x_scale.reshape(-1, 1).to(torch.float32)
-    b_s = w_scale.reshape(1, -1).to(torch.float32)
-    if a_s.numel() == 1 and b_s.numel() == 1:
-        a_s, b_s = a_s.reshape(()), b_s.reshape(())  # tensorwise
-    else:  # rowwise: both sides per row / per column
-        a_s = a_s.expand(m, 1).contiguous()
-        b_s = b_s.expand(1, n).contiguous()
+    if x_scale.numel() == 1 and w_scale.numel() == 1:  # tensorwise
+        return torch._scaled_mm(
+            q, w.t(), x_scale.reshape(()), w_scale.reshape(()), out_dtype=out_dtype
+        )
+    if x_scale.shape == (m, 1) and (m == 1 or x_scale.stride(0) == 1):
+        a_s = x_scale
+    else:
+        a_s = x_scale.reshape(-1, 1).expand(m, 1).contiguous()
+    if w_scale.numel() == n and w_scale.is_contiguous():
+        b_s = w_scale.view(1, n)
+    else:
+        b_s = w_scale.reshape(1, -1).expand(1, n).contiguous()
     return torch._scaled_mm(q, w.t(), a_s, b_s, out_dtype=out_dtype)
 
 

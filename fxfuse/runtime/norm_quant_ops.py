@@ -19,7 +19,13 @@ from fxfuse.runtime.registry import fused_op
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
-    return x.reshape(-1, x.shape[-1])
+    """x as (M, K) rows; a 2-D x as it is (no torch call: each costs host time per op call)."""
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+
+
+def _unrows(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """(M, C) rows of x's leading dims back in x's shape: (..., C)."""
+    return t if x.dim() == 2 else t.reshape(*x.shape[:-1], t.shape[-1])
 
 
 def _kernels():
@@ -64,7 +70,7 @@ def _norm(x, weight, eps, residual, weight_offset, round_before_weight, out_dtyp
             rows, weight, eps, res_rows, weight_offset, round_before_weight, out_dtype,
             reciprocal_sqrt,
         )
-    return y.reshape(x.shape), h.reshape(x.shape)
+    return _unrows(y, x), _unrows(h, x)
 
 
 @fused_op("fxfuse::rms_norm", mutates_args=())
@@ -132,8 +138,7 @@ def _quant_rows(x: torch.Tensor, scale_col_major: bool, **quant_args):
     q, scale = _kernels().quant(
         _rows(x), scale_col_major=scale_col_major and x.dim() == 2, **quant_args
     )
-    lead = x.shape[:-1]
-    return q.reshape(*lead, q.shape[-1]), scale.reshape(*lead, scale.shape[-1])
+    return _unrows(q, x), _unrows(scale, x)
 
 
 def _check_fp8_args(x: torch.Tensor, group_size: int, fp8_dtype: torch.dtype):
@@ -233,9 +238,9 @@ def _fused(x, residual, weight, eps, norm_args, quant_args):
                                                    **quant_args)
     else:
         q, scale, h = ref.rms_norm_quant_ref(rows, weight, eps, res_rows, **norm_args, **quant_args)
-    lead = x.shape[:-1]
-    scale = scale if quant_args["scale_col_major"] and x.dim() == 2 else scale.contiguous()
-    return q.reshape(*lead, q.shape[-1]), scale.reshape(*lead, scale.shape[-1]), h.reshape(x.shape)
+    if not (quant_args["scale_col_major"] and x.dim() == 2) and not scale.is_contiguous():
+        scale = scale.contiguous()
+    return _unrows(q, x), _unrows(scale, x), h if h.shape == x.shape else h.reshape(x.shape)
 
 
 def _fused_fake(x, residual, weight, norm_args, quant_args):
