@@ -30,7 +30,10 @@ one load of the whole row as a tile, its keys, and a descent to the k-th key in 
 (`_take_top`; then the index bits among the k-th key's ties); the selected pairs go to the
 program's slots for phase 3, and a mask row is written once, densely (selected or masked per
 column), instead of filled and then scattered. No candidate buffer, no passes over global
-memory. The descent (TILE_SELECT) bisects by default: one count of the keys >= a trial value
+memory. A masked row (LEN_MASKED) selects among its read scores only when they number >= k
+(the masked tail ranks after every one of them), takes the first k columns without a select
+when they do not, and uses a half-size tile when its read scores fit one (a causal indexer's
+early rows). The descent (TILE_SELECT) bisects by default: one count of the keys >= a trial value
 per bit, stopping as soon as exactly k reach it; the radix descent's histograms pile shared-
 memory atomics onto a few bins and measured 1.2-1.6x slower (benchmarks/NOTES.md, 2026-12-04
 night). The multi-program path's finishing select over its candidates uses the same descent.
@@ -129,6 +132,7 @@ SELECT_BITS = tl.constexpr(5)      # 32-bin histograms: the fewest ballots per r
 # The register-tile select (`_take_top`): its descent to the k-th key.
 SELECT_RADIX = tl.constexpr(0)     # RADIX_BITS-digit histograms (tl.histogram)
 SELECT_BISECT = tl.constexpr(1)    # one count per bit, stopping at an exact k
+HALF_TILE_MIN = tl.constexpr(1024)  # masked rows take a half tile from this size on
 FALLBACK_BLOCK = tl.constexpr(1024)  # chunk of the whole-row fallback (the row path's machinery)
 SAMPLE_SECTOR = tl.constexpr(16)   # consecutive scores per sample position (one 64 B line of fp32)
 
@@ -429,6 +433,49 @@ def _finish(
 # kernel
 
 
+@triton.jit
+def _tile_row(
+    scores_ptr, row_off, stride_sl, n, n_load, k, last, n_init, n_local, row64, length, out_ptr,
+    stride_or, keys_ptr, idx_ptr, out_slots,
+    LENGTHS: tl.constexpr, EPILOGUE: tl.constexpr, MASK_REPEAT: tl.constexpr,
+    MASK_FILL: tl.constexpr, MASK_SELECTED: tl.constexpr, T: tl.constexpr, T_BITS: tl.constexpr,
+    RADIX_BITS: tl.constexpr, SELECT: tl.constexpr,
+):
+    """A row's first T columns as one register tile (n <= T, or a masked row whose top k lie in
+    them): its keys, the exact select, and the mask columns [0, T) or the selected pairs in the
+    program's slots."""
+    offs = tl.arange(0, T)
+    valid = offs < n
+    x = tl.load(scores_ptr + row_off + offs * stride_sl, mask=offs < n_load, other=0.0)
+    key = _row_keys(x, offs, offs, valid, n_load, last, n_init, n_local, LENGTHS == LEN_POSITIONS)
+    if LENGTHS == LEN_MASKED:
+        # The masked tail (scores past n_load, ranked -inf) sorts after every read score, lower
+        # index first among equal keys: with n_load >= k the top k are among the read scores,
+        # else they are the first k columns (all read scores, then the tail's first ones).
+        read = offs < n_load
+        if n_load >= k:
+            take = _take_top(tl.where(read, key, 0), offs, read, n_load, k, T_BITS, RADIX_BITS,
+                             SELECT)  # fmt: skip
+        else:
+            take = valid & (offs < k)
+    else:
+        take = _take_top(key, offs, valid, n, k, T_BITS, RADIX_BITS, SELECT)
+    if EPILOGUE == EPI_MASK:
+        # The mask row written once, densely: selected or masked per column (no _finish).
+        REPEAT_PAD: tl.constexpr = triton.next_power_of_2(MASK_REPEAT)
+        j = tl.arange(0, REPEAT_PAD)[None, :]
+        value = tl.where(take[:, None], MASK_SELECTED, MASK_FILL)
+        tl.store(
+            out_ptr + row64 * stride_or + offs[:, None] * MASK_REPEAT + j,
+            value.to(out_ptr.dtype.element_ty),
+            mask=(offs < length)[:, None] & (j < MASK_REPEAT),
+        )
+    else:
+        pos = out_slots + tl.cumsum(take.to(tl.int32), 0) - 1
+        tl.store(keys_ptr + pos, key.to(tl.int32, bitcast=True), mask=take)
+        tl.store(idx_ptr + pos, offs, mask=take)
+
+
 @triton.jit(do_not_specialize=["num_rows", "length", "pt_cols", "seg_len"])
 def _topk_kernel(
     # pointers
@@ -485,30 +532,44 @@ def _topk_kernel(
         if TILE > 0:
             # The whole row in one register tile (STAGE_ROW, length <= TILE): keys, the exact
             # select in registers, then the epilogue; no candidate buffer, no passes over it.
-            offs = tl.arange(0, TILE)
-            valid = offs < n
+            # A masked row whose first n_load >= k scores hold its top k (the masked tail ranks
+            # last) and fit half the tile takes a half-size tile (the causal rows of a DSA
+            # indexer's prefill: half of them).
             row_off = row64 * stride_sr + tl.cast(start, tl.int64) * stride_sl
-            x = tl.load(scores_ptr + row_off + offs * stride_sl, mask=offs < n_load, other=0.0)
-            key = _row_keys(
-                x, offs, offs, valid, n_load, last, n_init, n_local, LENGTHS == LEN_POSITIONS
-            )
-            take = _take_top(key, offs, valid, n, k, TILE_BITS, RADIX_BITS, SELECT)
-            if EPILOGUE == EPI_MASK:
-                # The mask row written once, densely: selected or masked per column (no
-                # _finish below).
-                REPEAT_PAD: tl.constexpr = triton.next_power_of_2(MASK_REPEAT)
-                j = tl.arange(0, REPEAT_PAD)[None, :]
-                value = tl.where(take[:, None], MASK_SELECTED, MASK_FILL)
-                tl.store(
-                    out_ptr + row64 * stride_or + offs[:, None] * MASK_REPEAT + j,
-                    value.to(out_ptr.dtype.element_ty),
-                    mask=(offs < length)[:, None] & (j < MASK_REPEAT),
-                )
+            HALF: tl.constexpr = TILE // 2
+            if (LENGTHS == LEN_MASKED) & (HALF >= HALF_TILE_MIN):
+                if (n_load >= k) & (2 * n_load <= TILE):
+                    _tile_row(
+                        scores_ptr, row_off, stride_sl, n, n_load, k, last, n_init, n_local,
+                        row64, length, out_ptr, stride_or, keys_ptr, idx_ptr, out_slots,
+                        LENGTHS, EPILOGUE, MASK_REPEAT, MASK_FILL, MASK_SELECTED, HALF,
+                        TILE_BITS - 1, RADIX_BITS, SELECT,
+                    )
+                    if EPILOGUE == EPI_MASK:
+                        # The columns past the half tile: the masked tail, never selected.
+                        REPEAT_PAD: tl.constexpr = triton.next_power_of_2(MASK_REPEAT)
+                        j = tl.arange(0, REPEAT_PAD)[None, :]
+                        rest = HALF + tl.arange(0, HALF)
+                        tl.store(
+                            out_ptr + row64 * stride_or + rest[:, None] * MASK_REPEAT + j,
+                            tl.full((HALF, REPEAT_PAD), MASK_FILL, out_ptr.dtype.element_ty),
+                            mask=(rest < length)[:, None] & (j < MASK_REPEAT),
+                        )
+                else:
+                    _tile_row(
+                        scores_ptr, row_off, stride_sl, n, n_load, k, last, n_init, n_local,
+                        row64, length, out_ptr, stride_or, keys_ptr, idx_ptr, out_slots,
+                        LENGTHS, EPILOGUE, MASK_REPEAT, MASK_FILL, MASK_SELECTED, TILE,
+                        TILE_BITS, RADIX_BITS, SELECT,
+                    )
             else:
-                pos = out_slots + tl.cumsum(take.to(tl.int32), 0) - 1
-                tl.store(keys_ptr + pos, key.to(tl.int32, bitcast=True), mask=take)
-                tl.store(idx_ptr + pos, offs, mask=take)
-                n_sel = tl.minimum(n, k)
+                _tile_row(
+                    scores_ptr, row_off, stride_sl, n, n_load, k, last, n_init, n_local, row64,
+                    length, out_ptr, stride_or, keys_ptr, idx_ptr, out_slots,
+                    LENGTHS, EPILOGUE, MASK_REPEAT, MASK_FILL, MASK_SELECTED, TILE,
+                    TILE_BITS, RADIX_BITS, SELECT,
+                )
+            n_sel = tl.minimum(n, k)
         else:
             if EPILOGUE == EPI_MASK:
                 # Everything masked first; the selected columns are cleared in _finish.
@@ -626,18 +687,19 @@ def _radix_edge_global(keys_ptr, base, count, need, BLOCK: tl.constexpr,
 
 
 @triton.jit
-def _bisect_edge(v, match, need, top_bit):
-    """(t, c): the largest uint32 t with c = #(v[match] >= t) >= need (need <= the set's size),
-    one count per bit from top_bit down (v < 2**(top_bit + 1)). Stops early at a t with
-    c == need: {v >= t} is then exactly the top `need`. Otherwise (all bits resolved, c > need)
-    t is the need-th largest value and it is tied. Counting only (a compare and a sum per
-    element and bit): no histogram, so no shared-memory atomics piling onto a few bins."""
+def _bisect_edge(v, count, need, top_bit):
+    """(t, c): the largest uint32 t with c = #(v >= t) >= need, for a tile v that is 0 wherever
+    an element does not take part and `count` >= need elements that do (a 0 among them ranks
+    last: every trial is >= 1). One count per bit from top_bit down (v < 2**(top_bit + 1));
+    stops early at a t with c == need: {v >= t} is then exactly the top `need`. Otherwise (all
+    bits resolved, c > need) t is the need-th largest value and it is tied. A compare and an add
+    per element and bit: no histogram, so no shared-memory atomics piling onto a few bins."""
     t = tl.full((), 0, tl.uint32)
-    c = tl.sum(match.to(tl.int32), 0)
+    c = tl.full((), 0, tl.int32) + count
     b = tl.full((), 0, tl.int32) + top_bit
     while (b >= 0) & (c != need):
         trial = t | (tl.full((), 1, tl.uint32) << b.to(tl.uint32))
-        cnt = tl.sum((match & (v >= trial)).to(tl.int32), 0)
+        cnt = tl.sum((v >= trial).to(tl.int32), 0)
         t = tl.where(cnt >= need, trial, t)
         c = tl.where(cnt >= need, cnt, c)
         b -= 1
@@ -652,7 +714,9 @@ def _take_top(key, idx, valid, m, k, idx_bits, RADIX_BITS: tl.constexpr, SELECT:
     take = valid
     if m > k:
         if SELECT == SELECT_BISECT:
-            t, c = _bisect_edge(key, valid, k, 31)
+            # Keys are 0 off the valid elements (`_ordered_key`, and the candidates' padding),
+            # the m valid ones > 0.
+            t, c = _bisect_edge(key, m, k, 31)
             take = valid & (key >= t)
             if c != k:
                 # The k-th key t is tied: all keys above it, then its `need` lowest indices
@@ -661,7 +725,8 @@ def _take_top(key, idx, valid, m, k, idx_bits, RADIX_BITS: tl.constexpr, SELECT:
                 above = take & (key != t)
                 need = k - tl.sum(above.to(tl.int32), 0)
                 rank = (idx ^ ((1 << idx_bits) - 1)).to(tl.uint32)
-                r_t, _ = _bisect_edge(rank, tie, need, idx_bits - 1)
+                r_t, _ = _bisect_edge(tl.where(tie, rank, 0), c - (k - need), need,
+                                      idx_bits - 1)  # fmt: skip
                 take = above | (tie & (rank >= r_t))
         else:
             prefix, s, need, in_bin = _radix_edge(key, valid, k, 32, RADIX_BITS)

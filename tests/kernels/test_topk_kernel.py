@@ -357,6 +357,45 @@ def test_mask_masked_tail(kind, small):
     assert torch.equal(ours, values)  # the same multiset of scores as torch.topk
 
 
+@pytest.mark.parametrize("select", [topk.SELECT_RADIX.value, topk.SELECT_BISECT.value])
+def test_masked_tail_half_tile(select):
+    """Masked rows in a 4096 tile (length 3000): n_load < k takes the first k columns with no
+    select, k <= n_load <= 2048 a half tile (columns past it written masked), longer rows the
+    whole tile; real -inf scores tie with the tail and win by index."""
+    k = 64
+    scores = torch.randn(8, 3000, generator=torch.Generator().manual_seed(11))
+    scores[4, :2000] = float("-inf")  # more real -inf scores than k - (finite ones): ties
+    scores[6] = 0.5  # constant: the select ends on index bits
+    lengths = torch.tensor([0, 63, 64, 65, 2048, 2049, 2048, 3000])
+    cfg = {"TILE_MAX": 4096, "TILE_SELECT": select}
+    out = topk.topk_mask(scores, k, lengths, masked_tail=True, config=cfg)
+    assert torch.equal(out, topk_ref.topk_mask_ref(scores, k, lengths, masked_tail=True))
+    keep = topk.topk_mask(scores, k, lengths, "keep", 2, masked_tail=True, config=cfg)
+    ref = topk_ref.topk_mask_ref(scores, k, lengths, "keep", 2, masked_tail=True)
+    assert torch.equal(keep, ref)
+
+
+@pytest.mark.parametrize("select", [topk.SELECT_RADIX.value, topk.SELECT_BISECT.value])
+def test_causal_bias_rows(select):
+    """Rows whose tail is -inf in the scores themselves (a causal bias added before the top-k,
+    as the DSA indexer spells it; no lengths, so the whole 4096 tile): fewer than k finite
+    scores take them and then the first -inf columns by index; NaN ranks as -inf."""
+    rows, length = 12, 3000
+    scores = torch.randn(rows, length, generator=torch.Generator().manual_seed(5))
+    visible = torch.tensor([1, 63, 64, 65, 1000, 2047, 2048, 2049, 2500, 3000, 2048, 1500])
+    scores[torch.arange(length)[None, :] >= visible[:, None]] = float("-inf")
+    scores[10, 5:40] = float("nan")  # NaN before the tail: -inf, by index
+    scores[11, :1500] = 0.25  # ties among the finite scores
+    cfg = {"TILE_MAX": 4096, "TILE_SELECT": select}
+    for k in (64, 1500):
+        out = topk.topk_mask(scores, k, config=cfg)
+        assert torch.equal(out, topk_ref.topk_mask_ref(scores, k))
+        for sorted in (False, True) if k < 1024 else (False,):  # (the interpreter's sort of
+            # 2048 slots takes ~30 s)
+            idx = topk.topk_indices(scores, k, sorted=sorted, config=cfg, path="row")
+            _check_indices(scores, k, idx, sorted=sorted)
+
+
 def test_page_transform_pad(tiny):
     scores = torch.randn(3, 64)
     lengths = torch.tensor([64, 3, 0])
