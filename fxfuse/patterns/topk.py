@@ -23,6 +23,7 @@ the spelled chain beyond the order of equal scores.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from collections.abc import Callable
@@ -264,6 +265,10 @@ def _is_node(target):
 
 def _lengths_rows(insert: Inserter, base, offset: int, lead) -> fx.Node:
     """A (rows,) tensor of base + offset broadcast over the leading dims `lead`."""
+    if isinstance(base, _RowIndex):
+        base = insert.call(aten.arange.default, (base.rows,),
+                           {"dtype": torch.int64, "device": base.device})  # fmt: skip
+        base = insert.call(aten.reshape.default, (base, [-1, 1]))
     bv = val(base)
     if bv.dim() == len(lead) + 1 and all(same_size(a, b) for a, b in zip(bv.shape[:-1], lead)):
         rows = insert.call(aten.reshape.default, (base, [-1]))
@@ -337,9 +342,171 @@ def _topk_indices(scores: Pat) -> Pat:
     return Alt(Cast(indices), indices, name="idx")
 
 
-# Scores, optionally masked past each row's length: masked_fill(scores, cols >= n, -inf).
+class _Checked(Pat):
+    """`pat` where `check(bindings)` returns extra bindings (a dict); elsewhere no match, so an
+    enclosing Alt goes on to its next alternative instead of failing the rule's guard."""
+
+    def __init__(self, pat: Pat, check: Callable[[dict], dict | None]):
+        self.pat, self.check, self.name = pat, check, None
+
+    def match(self, value, state):
+        for result in self.pat.match(value, state):
+            extra = self.check(result.bindings)
+            if extra is not None:
+                result = result.copy()
+                result.bindings.update(extra)
+                yield result
+
+
+def _is_true(node) -> bool:
+    """A literal True or a tensor filled with True (`ones(..., dtype=bool)`, `full(.., True)`)."""
+    if constant_value(node) is True:
+        return True
+    if not (isinstance(node, fx.Node) and node.op == "call_function"):
+        return False
+    if node.target is aten.full.default:
+        return node.args[1] is True
+    return node.target is aten.ones.default and node.kwargs.get("dtype") is torch.bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _RowIndex:
+    """The query row index q of a (rows, L) causal mask spelled as tril / triu: no node holds
+    it, so the replacement makes arange(rows)."""
+
+    rows: int
+    device: torch.device
+
+
+def _is_row_column(node, rows) -> bool:
+    """An int tensor (rows, 1), maybe with leading 1s: one value per query row."""
+    v = val(node)
+    return (
+        isinstance(v, torch.Tensor) and v.dtype in INDEX_DTYPES and v.dim() >= 2
+        and v.shape[-1] == 1 and same_size(v.shape[-2], rows) and all(d == 1 for d in v.shape[:-2])
+    )  # fmt: skip
+
+
+def _causal_limit(cond, length: int, rows) -> tuple[object, int, bool] | None:
+    """(base, offset, past) when `cond` tests `col >= base + offset` (past) or `col < base +
+    offset` on the column index col (arange(L) over the last dim) against a per-row column base,
+    written either way round, negated, anded with True (Inductor's tril), or as a difference
+    `col - base op c` / `base - col op c`."""
+    negate = False
+    while isinstance(cond, fx.Node) and cond.op == "call_function":
+        if cond.target in NOT:
+            cond, negate = cond.args[0], not negate
+        elif cond.target in (aten.logical_and.default, aten.bitwise_and.Tensor):
+            a, b = cond.args[:2]
+            if _is_true(b):
+                cond = a
+            elif _is_true(a):
+                cond = b
+            else:
+                return None
+        else:
+            break
+    if not (isinstance(cond, fx.Node) and cond.op == "call_function"):
+        return None
+    if cond.target in (aten.tril.default, aten.triu.default):
+        # tril(ones, d): visible = col < q + d + 1; triu(ones, d): col >= q + d.
+        v, rows_n = val(cond), static_int(rows)
+        if not (_is_true(cond.args[0]) and v is not None and v.dim() == 2 and rows_n is not None
+                and static_int(v.shape[0]) == rows_n and static_int(v.shape[1]) == length):
+            return None  # fmt: skip
+        d = cond.args[1] if len(cond.args) > 1 else cond.kwargs.get("diagonal", 0)
+        if not isinstance(d, int) or isinstance(d, bool):
+            return None
+        op, offset = ("lt", d + 1) if cond.target is aten.tril.default else ("ge", d)
+        if negate:
+            op = NEGATED[op]
+        return _RowIndex(rows_n, v.device), offset, op == "ge"
+    if cond.target not in COMPARE:
+        return None
+    op, (a, b) = COMPARE[cond.target], cond.args[:2]
+    is_col = _index_of(length)
+
+    def diff(node):  # (sign, row) when node is col - row (+1) or row - col (-1)
+        if isinstance(node, fx.Node) and node.op == "call_function" and node.target in SUB:
+            x, y = node.args[:2]
+            if node.kwargs.get("alpha", 1) == 1 and isinstance(y, fx.Node):
+                if is_col(x) and _is_row_column(y, rows):
+                    return 1, y
+                if is_col(y) and _is_row_column(x, rows):
+                    return -1, x
+        return None
+
+    if is_col(b) or diff(b) is not None:
+        op, a, b = SWAPPED[op], b, a
+    if op in ("eq", "ne"):
+        return None
+    if is_col(a):
+        bound = affine(b)
+        if bound is None or bound[0] is None or not _is_row_column(bound[0], rows):
+            return None
+        base, offset = bound
+    else:
+        found = diff(a)
+        c = constant_value(b)
+        if found is None or not isinstance(c, int) or isinstance(c, bool):
+            return None
+        sign, base = found
+        if sign < 0:  # row - col op c  <=>  col SWAPPED(op) row - c
+            op, c = SWAPPED[op], -c
+        offset = c
+    if negate:
+        op = NEGATED[op]
+    offset += 1 if op in ("gt", "le") else 0
+    return base, offset, op in ("ge", "gt")
+
+
+def _causal_bias(b: dict) -> dict | None:
+    """scores + bias, bias = 0 with -inf at the columns >= each row's limit (a causal mask added
+    to the scores, as DeepSeek-V3.2's indexer spells it): the same top-k as the scores masked
+    past that limit, so it binds the limit as the score masking's (`score_rows`, `score_offset`)."""
+    if b.get("bias_alpha", 1) != 1:
+        return None
+    fill = b["bias_fill"]
+    if not (isinstance(fill, float) and fill == -math.inf):
+        return None
+    zeros = b["bias_base"]
+    if not (
+        isinstance(zeros, fx.Node) and zeros.op == "call_function"
+        and (
+            (zeros.target is aten.full.default and zeros.args[1] in (0, 0.0))
+            or zeros.target is aten.zeros.default
+        )
+    ):  # fmt: skip
+        return None
+    scores, add = val(b["scores"]), val(b["bias_add"])
+    bias = val(b["causal"])
+    if not all(isinstance(t, torch.Tensor) for t in (scores, add, bias)) or scores.dim() < 2:
+        return None
+    if tuple(add.shape) != tuple(scores.shape) or bias.dim() > scores.dim():
+        return None
+    length = static_int(scores.shape[-1])
+    if length is None:
+        return None
+    bad, ok = b.get("causal_bad"), b.get("causal_ok")
+    test = _causal_limit(bad if bad is not None else ok, length, scores.shape[-2])
+    if test is None:
+        return None
+    base, offset, past = test
+    if past != (bad is not None):  # the -inf must go past the limit, not before it
+        return None
+    return {"score_rows": base, "score_offset": offset}
+
+
+# Scores, optionally masked past each row's length: masked_fill(scores, cols >= n, -inf), or a
+# causal -inf bias added to them.
 _masked_scores = _fill(Any("scores"), _leaf, Const("score_fill"), "score_masking")
-_scores = Alt(_masked_scores, Any("scores"))
+_bias = _fill(Any("bias_base"), _leaf, Const("bias_fill"), "causal")
+_biased_scores = _Checked(
+    Op(aten.add.Tensor, Any("scores"), _bias, commutative=True, alpha=Lit("bias_alpha"),
+       name="bias_add"),
+    _causal_bias,
+)  # fmt: skip
+_scores = Alt(_masked_scores, _biased_scores, Any("scores"))
 _idx = _topk_indices(_scores)
 # Indices past the row's length replaced by a negative pad (`topk + masked_fill(-1)`).
 _idx_checked = Alt(
@@ -371,6 +538,14 @@ def _check_topk(m: Match, scores, min_dims: int = 2, max_dims: int = 8) -> str |
 def _score_lengths(m: Match) -> tuple[object, int] | str | None:
     """(base, offset) of each row's length when the scores are masked past it, None when they are
     not masked, or a reason."""
+    if m.get("bias_add") is not None:  # a causal bias (`_causal_bias` checked its form)
+        base, lead = m["score_rows"], tuple(val(m["scores"]).shape[:-1])
+        if isinstance(base, _RowIndex):
+            reason = None if all(static_int(d) is not None for d in lead) else (
+                "the causal rows broadcast over symbolic dims")  # fmt: skip
+        else:
+            reason = _check_lengths_base(base, lead)
+        return reason or (base, m["score_offset"])
     if m.get("score_masking") is None:
         return None
     fill = m["score_fill"]

@@ -11,6 +11,7 @@ slot (its tie rule is deterministic), and to the unfused chain as sets up to equ
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -735,6 +736,58 @@ def repeated_along_rows(scores, k=K):
 )
 def test_mask_near_misses(fn, reason, reference_path):
     _assert_not_fired(fn, (torch.randn(40, 40),), "topk_mask", reason)
+
+
+def causal_bias_mask(scores, k=K, diagonal=0, offset=0):
+    """DeepSeek-V3.2's indexer in fxfuse's bundled model: a causal -inf bias added to the scores
+    (query row q sees keys <= q + offset + diagonal), top-k, HF's scatter into a bool mask."""
+    s_q, s_k = scores.shape[-2:]
+    if offset:  # queries at the end of a longer key range (chunked prefill)
+        visible = torch.arange(s_k)[None, :] <= torch.arange(s_q)[:, None] + offset + diagonal
+    else:
+        visible = torch.ones(s_q, s_k, dtype=torch.bool).tril(diagonal)
+    bias = torch.zeros(s_q, s_k).masked_fill(~visible, float("-inf"))
+    idx = (scores + bias).topk(k, dim=-1).indices
+    return torch.ones(scores.shape, dtype=torch.bool).scatter(-1, idx, False)
+
+
+def noncausal_bias_mask(scores, blocked, k=K):
+    """An -inf bias that is no per-row limit: fused as plain scores (no masked tail)."""
+    bias = torch.zeros(scores.shape[-2:]).masked_fill(blocked, float("-inf"))
+    idx = (scores + bias).topk(k, dim=-1).indices
+    return torch.ones(scores.shape, dtype=torch.bool).scatter(-1, idx, False)
+
+
+@pytest.mark.parametrize("ir", ["export", "compile"])
+@pytest.mark.parametrize("diagonal, offset", [(0, 0), (-1, 0), (2, 0), (0, 17)])
+def test_causal_bias_becomes_a_masked_tail(ir, diagonal, offset, reference_path):
+    """scores + causal bias -> top-k -> mask: the bias add is absorbed, each row's limit becomes
+    lengths with masked_tail (the kernel reads only the visible keys); the mask is the SPEC
+    reference's, and the spelled chain's wherever a row sees >= k keys (ties in -inf apart)."""
+    s_q = 24 if not offset else 7
+    scores = torch.randn(2, s_q, 24)
+    out, report, ran = _fuse(causal_bias_mask, (scores,), ir, diagonal=diagonal, offset=offset)
+    _assert_fired(report, ran, "topk_mask", "fxfuse.topk_mask")
+    if ir == "export":
+        assert "aten.masked_fill" not in ran and "aten.where" not in ran, ran  # bias gone
+    else:  # the generated code calls the op with lengths and masked_tail=True
+        assert re.search(r"fxfuse\.topk_mask\.default\([^)]*, True\)", ran), ran
+    lengths = (torch.arange(s_q) + 1 + diagonal + offset).clamp(0, 24).repeat(2)
+    ref = topk_ref.topk_mask_ref(scores.reshape(-1, 24), K, lengths, masked_tail=True)
+    assert torch.equal(out.reshape(ref.shape), ref)
+    expected = causal_bias_mask(scores, diagonal=diagonal, offset=offset).reshape(ref.shape)
+    full = lengths >= K
+    assert torch.equal(out.reshape(ref.shape)[full], expected[full])
+
+
+def test_noncausal_bias_fuses_without_a_tail(reference_path):
+    scores, blocked = torch.randn(2, 24, 24), torch.rand(24, 24) < 0.3
+    out, report, ran = _fuse(noncausal_bias_mask, (scores, blocked), "export")
+    _assert_fired(report, ran, "topk_mask", "fxfuse.topk_mask")
+    assert "aten.masked_fill" in ran  # the bias stays a graph op, the op sees biased scores
+    biased = scores + torch.zeros(24, 24).masked_fill(blocked, NEG_INF)
+    ref = topk_ref.topk_mask_ref(biased.reshape(-1, 24), K)
+    assert torch.equal(out.reshape(ref.shape), ref)
 
 
 def deepseek_mask_k512(scores):
