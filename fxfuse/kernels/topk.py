@@ -35,8 +35,9 @@ memory. A masked row (LEN_MASKED) selects among its read scores only when they n
 when they do not, and uses a half-size tile when its read scores fit one (a causal indexer's
 early rows). The descent (TILE_SELECT) bisects by default: one count of the keys >= a trial value
 per bit, stopping as soon as exactly k reach it; the radix descent's histograms pile shared-
-memory atomics onto a few bins and measured 1.2-1.6x slower (benchmarks/NOTES.md, 2026-12-04
-night). The multi-program path's finishing select over its candidates uses the same descent.
+memory atomics onto a few bins and measured 1.4-1.9x slower (results/topk_select.json,
+2026-12-04 night). The multi-program path's finishing select over its candidates uses the same
+descent.
 Few long rows: phases 1–2 run per segment of a row (STAGE_SEGMENT, one program per segment,
 exact top-k per segment into a pair area), then one program per row selects the top-k of the
 union (STAGE_MERGE). Ties stay exact: the merge breaks them by index bits.
@@ -434,6 +435,21 @@ def _finish(
 
 
 @triton.jit
+def _mask_columns(out_ptr, row64, stride_or, cols, take, length, MASK_REPEAT: tl.constexpr,
+                  MASK_FILL: tl.constexpr, MASK_SELECTED: tl.constexpr):
+    """Mask columns `cols` of a row (those < length), each MASK_REPEAT wide: selected where
+    `take`, masked elsewhere."""
+    REPEAT_PAD: tl.constexpr = triton.next_power_of_2(MASK_REPEAT)
+    j = tl.arange(0, REPEAT_PAD)[None, :]
+    value = tl.where(take[:, None], MASK_SELECTED, MASK_FILL)
+    tl.store(
+        out_ptr + row64 * stride_or + cols[:, None] * MASK_REPEAT + j,
+        value.to(out_ptr.dtype.element_ty),
+        mask=(cols < length)[:, None] & (j < MASK_REPEAT),
+    )
+
+
+@triton.jit
 def _tile_row(
     scores_ptr, row_off, stride_sl, n, n_load, k, last, n_init, n_local, row64, length, out_ptr,
     stride_or, keys_ptr, idx_ptr, out_slots,
@@ -462,14 +478,8 @@ def _tile_row(
         take = _take_top(key, offs, valid, n, k, T_BITS, RADIX_BITS, SELECT)
     if EPILOGUE == EPI_MASK:
         # The mask row written once, densely: selected or masked per column (no _finish).
-        REPEAT_PAD: tl.constexpr = triton.next_power_of_2(MASK_REPEAT)
-        j = tl.arange(0, REPEAT_PAD)[None, :]
-        value = tl.where(take[:, None], MASK_SELECTED, MASK_FILL)
-        tl.store(
-            out_ptr + row64 * stride_or + offs[:, None] * MASK_REPEAT + j,
-            value.to(out_ptr.dtype.element_ty),
-            mask=(offs < length)[:, None] & (j < MASK_REPEAT),
-        )
+        _mask_columns(out_ptr, row64, stride_or, offs, take, length, MASK_REPEAT, MASK_FILL,
+                      MASK_SELECTED)  # fmt: skip
     else:
         pos = out_slots + tl.cumsum(take.to(tl.int32), 0) - 1
         tl.store(keys_ptr + pos, key.to(tl.int32, bitcast=True), mask=take)
@@ -537,31 +547,21 @@ def _topk_kernel(
             # indexer's prefill: half of them).
             row_off = row64 * stride_sr + tl.cast(start, tl.int64) * stride_sl
             HALF: tl.constexpr = TILE // 2
+            half = False  # stays a constant (one branch compiled) unless the row is masked
             if (LENGTHS == LEN_MASKED) & (HALF >= HALF_TILE_MIN):
-                if (n_load >= k) & (2 * n_load <= TILE):
-                    _tile_row(
-                        scores_ptr, row_off, stride_sl, n, n_load, k, last, n_init, n_local,
-                        row64, length, out_ptr, stride_or, keys_ptr, idx_ptr, out_slots,
-                        LENGTHS, EPILOGUE, MASK_REPEAT, MASK_FILL, MASK_SELECTED, HALF,
-                        TILE_BITS - 1, RADIX_BITS, SELECT,
-                    )
-                    if EPILOGUE == EPI_MASK:
-                        # The columns past the half tile: the masked tail, never selected.
-                        REPEAT_PAD: tl.constexpr = triton.next_power_of_2(MASK_REPEAT)
-                        j = tl.arange(0, REPEAT_PAD)[None, :]
-                        rest = HALF + tl.arange(0, HALF)
-                        tl.store(
-                            out_ptr + row64 * stride_or + rest[:, None] * MASK_REPEAT + j,
-                            tl.full((HALF, REPEAT_PAD), MASK_FILL, out_ptr.dtype.element_ty),
-                            mask=(rest < length)[:, None] & (j < MASK_REPEAT),
-                        )
-                else:
-                    _tile_row(
-                        scores_ptr, row_off, stride_sl, n, n_load, k, last, n_init, n_local,
-                        row64, length, out_ptr, stride_or, keys_ptr, idx_ptr, out_slots,
-                        LENGTHS, EPILOGUE, MASK_REPEAT, MASK_FILL, MASK_SELECTED, TILE,
-                        TILE_BITS, RADIX_BITS, SELECT,
-                    )
+                half = (n_load >= k) & (2 * n_load <= TILE)
+            if half:
+                _tile_row(
+                    scores_ptr, row_off, stride_sl, n, n_load, k, last, n_init, n_local, row64,
+                    length, out_ptr, stride_or, keys_ptr, idx_ptr, out_slots,
+                    LENGTHS, EPILOGUE, MASK_REPEAT, MASK_FILL, MASK_SELECTED, HALF,
+                    TILE_BITS - 1, RADIX_BITS, SELECT,
+                )
+                if EPILOGUE == EPI_MASK:
+                    # The columns past the half tile: the masked tail, never selected.
+                    rest = HALF + tl.arange(0, HALF)
+                    _mask_columns(out_ptr, row64, stride_or, rest, rest < 0, length,
+                                  MASK_REPEAT, MASK_FILL, MASK_SELECTED)  # fmt: skip
             else:
                 _tile_row(
                     scores_ptr, row_off, stride_sl, n, n_load, k, last, n_init, n_local, row64,
