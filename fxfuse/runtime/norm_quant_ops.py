@@ -238,9 +238,8 @@ def _fused(x, residual, weight, eps, norm_args, quant_args):
                                                    **quant_args)
     else:
         q, scale, h = ref.rms_norm_quant_ref(rows, weight, eps, res_rows, **norm_args, **quant_args)
-    if not (quant_args["scale_col_major"] and x.dim() == 2) and not scale.is_contiguous():
-        scale = scale.contiguous()
-    return _unrows(q, x), _unrows(scale, x), h if h.shape == x.shape else h.reshape(x.shape)
+    scale = scale if quant_args["scale_col_major"] and x.dim() == 2 else scale.contiguous()
+    return _unrows(q, x), _unrows(scale, x), _unrows(h, x)
 
 
 def _fused_fake(x, residual, weight, norm_args, quant_args):
