@@ -194,11 +194,29 @@ def _arange_length(node) -> int | None:
     return length
 
 
+def _peel(node, and_true: bool = False) -> tuple[object, bool]:
+    """(inner, negate): `node` under its NOTs (and, with and_true, `& True`s: Inductor's tril),
+    negate when an odd number of NOTs wrapped it."""
+    negate = False
+    while isinstance(node, fx.Node) and node.op == "call_function":
+        if node.target in NOT:
+            node, negate = node.args[0], not negate
+        elif and_true and node.target in (aten.logical_and.default, aten.bitwise_and.Tensor):
+            a, b = node.args[:2]
+            if _is_true(b):
+                node = a
+            elif _is_true(a):
+                node = b
+            else:
+                break
+        else:
+            break
+    return node, negate
+
+
 def comparison(node, is_subject: Callable) -> tuple[str, object] | None:
     """(op, other) such that `node` is `subject op other` (negations folded), else None."""
-    negate = False
-    while isinstance(node, fx.Node) and node.op == "call_function" and node.target in NOT:
-        node, negate = node.args[0], not negate
+    node, negate = _peel(node)
     if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target in COMPARE):
         return None
     op, (a, b) = COMPARE[node.target], node.args[:2]
@@ -389,75 +407,58 @@ def _is_row_column(node, rows) -> bool:
 
 def _causal_limit(cond, length: int, rows) -> tuple[object, int, bool] | None:
     """(base, offset, past) when `cond` tests `col >= base + offset` (past) or `col < base +
-    offset` on the column index col (arange(L) over the last dim) against a per-row column base,
-    written either way round, negated, anded with True (Inductor's tril), or as a difference
-    `col - base op c` / `base - col op c`."""
-    negate = False
-    while isinstance(cond, fx.Node) and cond.op == "call_function":
-        if cond.target in NOT:
-            cond, negate = cond.args[0], not negate
-        elif cond.target in (aten.logical_and.default, aten.bitwise_and.Tensor):
-            a, b = cond.args[:2]
-            if _is_true(b):
-                cond = a
-            elif _is_true(a):
-                cond = b
-            else:
-                return None
-        else:
-            break
-    if not (isinstance(cond, fx.Node) and cond.op == "call_function"):
+    offset` on the column index col (arange(L) over the last dim) against a per-row column base:
+    `length_test`'s spellings, negated, anded with True (Inductor's tril), as a difference
+    `col - base op c` / `base - col op c`, or `tril` / `triu` of a True tensor."""
+    inner, negate = _peel(cond, and_true=True)
+    if not (isinstance(inner, fx.Node) and inner.op == "call_function"):
         return None
-    if cond.target in (aten.tril.default, aten.triu.default):
+    if inner.target in (aten.tril.default, aten.triu.default):
         # tril(ones, d): visible = col < q + d + 1; triu(ones, d): col >= q + d.
-        v, rows_n = val(cond), static_int(rows)
-        if not (_is_true(cond.args[0]) and v is not None and v.dim() == 2 and rows_n is not None
+        v, rows_n = val(inner), static_int(rows)
+        if not (_is_true(inner.args[0]) and v is not None and v.dim() == 2 and rows_n is not None
                 and static_int(v.shape[0]) == rows_n and static_int(v.shape[1]) == length):
             return None  # fmt: skip
-        d = cond.args[1] if len(cond.args) > 1 else cond.kwargs.get("diagonal", 0)
+        d = inner.args[1] if len(inner.args) > 1 else inner.kwargs.get("diagonal", 0)
         if not isinstance(d, int) or isinstance(d, bool):
             return None
-        op, offset = ("lt", d + 1) if cond.target is aten.tril.default else ("ge", d)
-        if negate:
-            op = NEGATED[op]
-        return _RowIndex(rows_n, v.device), offset, op == "ge"
-    if cond.target not in COMPARE:
-        return None
-    op, (a, b) = COMPARE[cond.target], cond.args[:2]
+        tril = inner.target is aten.tril.default
+        return _RowIndex(rows_n, v.device), d + 1 if tril else d, tril == negate
+    # col against a row column (+ c)
+    test = length_test(inner, _index_of(length))
+    if test is not None:
+        base, offset, past = test
+        if base is None or not _is_row_column(base, rows):
+            return None
+        return base, offset, past != negate
+    # (col - row) or (row - col) against a constant c
+    for sign in (1, -1):
+        rows_seen = []
+        test = length_test(inner, _difference(length, rows, sign, rows_seen))
+        if test is not None and test[0] is None:
+            _, c, past = test
+            if sign > 0:  # col - row >= c  <=>  col >= row + c
+                return rows_seen[0], c, past != negate
+            # row - col >= c  <=>  col < row - c + 1
+            return rows_seen[0], 1 - c, past == negate
+    return None
+
+
+def _difference(length: int, rows, sign: int, found: list) -> Callable:
+    """is_subject for `col - row` (sign 1) or `row - col` (sign -1); appends the row column."""
     is_col = _index_of(length)
 
-    def diff(node):  # (sign, row) when node is col - row (+1) or row - col (-1)
-        if isinstance(node, fx.Node) and node.op == "call_function" and node.target in SUB:
-            x, y = node.args[:2]
-            if node.kwargs.get("alpha", 1) == 1 and isinstance(y, fx.Node):
-                if is_col(x) and _is_row_column(y, rows):
-                    return 1, y
-                if is_col(y) and _is_row_column(x, rows):
-                    return -1, x
-        return None
+    def is_diff(node) -> bool:
+        if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target in SUB):
+            return False
+        x, y = node.args[:2]
+        col, row = (x, y) if sign > 0 else (y, x)
+        if node.kwargs.get("alpha", 1) != 1 or not is_col(col) or not _is_row_column(row, rows):
+            return False
+        found.append(row)
+        return True
 
-    if is_col(b) or diff(b) is not None:
-        op, a, b = SWAPPED[op], b, a
-    if op in ("eq", "ne"):
-        return None
-    if is_col(a):
-        bound = affine(b)
-        if bound is None or bound[0] is None or not _is_row_column(bound[0], rows):
-            return None
-        base, offset = bound
-    else:
-        found = diff(a)
-        c = constant_value(b)
-        if found is None or not isinstance(c, int) or isinstance(c, bool):
-            return None
-        sign, base = found
-        if sign < 0:  # row - col op c  <=>  col SWAPPED(op) row - c
-            op, c = SWAPPED[op], -c
-        offset = c
-    if negate:
-        op = NEGATED[op]
-    offset += 1 if op in ("gt", "le") else 0
-    return base, offset, op in ("ge", "gt")
+    return is_diff
 
 
 def _causal_bias(b: dict) -> dict | None:

@@ -751,6 +751,30 @@ def causal_bias_mask(scores, k=K, diagonal=0, offset=0):
     return torch.ones(scores.shape, dtype=torch.bool).scatter(-1, idx, False)
 
 
+def causal_bias_row_minus_col(scores, k=K, diagonal=1):
+    """The causal bias spelled as a difference `row - col >= -d` (visible keys), added on the
+    left of the scores."""
+    s_q, s_k = scores.shape[-2:]
+    visible = (torch.arange(s_q)[:, None] - torch.arange(s_k)[None, :]) >= -diagonal
+    bias = torch.zeros(s_q, s_k).masked_fill(~visible, float("-inf"))
+    idx = (bias + scores).topk(k, dim=-1).indices
+    return torch.ones(scores.shape, dtype=torch.bool).scatter(-1, idx, False)
+
+
+@pytest.mark.parametrize("ir", ["export", "compile"])
+def test_causal_bias_as_row_minus_col(ir, reference_path):
+    scores = torch.randn(2, 24, 24)
+    out, report, ran = _fuse(causal_bias_row_minus_col, (scores,), ir)
+    _assert_fired(report, ran, "topk_mask", "fxfuse.topk_mask")
+    if ir == "export":
+        assert "aten.masked_fill" not in ran, ran  # the bias is gone
+    else:
+        assert re.search(r"fxfuse\.topk_mask\.default\([^)]*, True\)", ran), ran
+    lengths = (torch.arange(24) + 2).clamp(0, 24).repeat(2)
+    ref = topk_ref.topk_mask_ref(scores.reshape(-1, 24), K, lengths, masked_tail=True)
+    assert torch.equal(out.reshape(ref.shape), ref)
+
+
 def noncausal_bias_mask(scores, blocked, k=K):
     """An -inf bias that is no per-row limit: fused as plain scores (no masked tail)."""
     bias = torch.zeros(scores.shape[-2:]).masked_fill(blocked, float("-inf"))
