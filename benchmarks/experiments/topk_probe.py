@@ -68,6 +68,18 @@ def kernel_times(fn, calls=20):
     return out
 
 
+def _check_and_time(emit, row: dict, fn, exact, roof: float) -> None:
+    """Emit `row` with fn's result checked (`exact(got)`), its CUDA-graph time and its multiple
+    of the roofline; a variant that cannot launch is emitted with its error instead."""
+    try:
+        ok = bool(exact(fn()))
+        us = triton.testing.do_bench_cudagraph(fn, rep=30) * 1e3
+    except Exception as e:  # noqa: BLE001 - a variant that cannot launch is reported
+        emit({**row, "error": repr(e)[:200]})
+        return
+    emit({**row, "exact": ok, "us": round(us, 2), "x_roofline": round(us / roof, 2)})
+
+
 def tile_suite(emit, dev) -> None:
     """The row path's register-tile mode against its streaming mode and torch (indices and the
     bool mask), and its launch variants (warps, programs per SM)."""
@@ -125,35 +137,13 @@ def tile_suite(emit, dev) -> None:
                         return topk.topk_mask(s, k, config=cfg)
                     return topk.topk_indices(s, k, config=cfg, path="row")
 
-                try:
-                    got = fn()
-                    if what == "mask":
-                        ok = bool(torch.equal(got, ref_mask))
-                    else:
-                        ok = bool(torch.equal(got.long().sort(1).values, ref_sets))
-                    us = triton.testing.do_bench_cudagraph(fn, rep=30) * 1e3
-                except Exception as e:  # noqa: BLE001 - a variant that cannot launch is reported
-                    emit(
-                        {
-                            "suite": "tile",
-                            "shape": [rows, length, k],
-                            "variant": name,
-                            "what": what,
-                            "error": repr(e)[:200],
-                        }
-                    )
-                    continue
-                emit(
-                    {
-                        "suite": "tile",
-                        "shape": [rows, length, k],
-                        "variant": name,
-                        "what": what,
-                        "exact": ok,
-                        "us": round(us, 2),
-                        "x_roofline": round(us / roof, 2),
-                    }
-                )
+                def exact(got, what=what):
+                    if what == "indices":
+                        return torch.equal(got.long().sort(1).values, ref_sets)
+                    return torch.equal(got, ref_mask)
+
+                row = {"suite": "tile", "shape": [rows, length, k], "variant": name, "what": what}
+                _check_and_time(emit, row, fn, exact, roof)
 
 
 def select_suite(emit, dev, quick: bool = False) -> None:
@@ -208,22 +198,13 @@ def select_suite(emit, dev, quick: bool = False) -> None:
                         return topk.topk_mask(masked, k, config=cfg)
                     return topk.topk_indices(s, k, config=cfg, path="row")
 
-                try:
-                    got = fn()
-                    if what == "mask":
-                        ok = bool(torch.equal(got, ref_mask))
-                    elif what in ("causal_mask", "causal_bias"):
-                        ok = bool(torch.equal(got, ref_causal))
-                    else:
-                        ok = bool(torch.equal(got.long().sort(1).values, ref_sets))
-                    us = triton.testing.do_bench_cudagraph(fn, rep=30) * 1e3
-                except Exception as e:  # noqa: BLE001 - a variant that cannot launch is reported
-                    emit({"suite": "select", "shape": [rows, length, k], "variant": name,
-                          "what": what, "error": repr(e)[:200]})  # fmt: skip
-                    continue
-                emit({"suite": "select", "shape": [rows, length, k], "variant": name,
-                      "what": what, "exact": ok, "us": round(us, 2),
-                      "x_roofline": round(us / roof, 2)})  # fmt: skip
+                def exact(got, what=what):
+                    if what == "indices":
+                        return torch.equal(got.long().sort(1).values, ref_sets)
+                    return torch.equal(got, ref_mask if what == "mask" else ref_causal)
+
+                row = {"suite": "select", "shape": [rows, length, k], "variant": name, "what": what}
+                _check_and_time(emit, row, fn, exact, roof)
     for rows, length, k in () if quick else ((1, 131072, 2048), (64, 131072, 2048),
                                              (64, 131072, 512), (256, 131072, 2048)):
         g = torch.Generator(device=dev).manual_seed(rows + k)
