@@ -3,6 +3,7 @@
     PYTHONPATH=. python benchmarks/bench_topk.py --out $OUT            # table + JSON
     PYTHONPATH=. python benchmarks/bench_topk.py --out $OUT --sweep    # sm90 launch table
     PYTHONPATH=. python benchmarks/bench_topk.py --out $OUT --path both  # row vs multi path
+    PYTHONPATH=. python benchmarks/bench_topk.py --out $OUT --graph-all  # all rows in graphs
     TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/bench_topk.py --cpu-smoke
 
 Cases (PERFORMANCE.md): DSA page transform (fp32 scores, full lengths, page size 64, a permuted
@@ -244,7 +245,9 @@ def run_table(args, device):
             checks.append({"case": case, "ok": ok})
             print(f"check {case}: {'ok' if ok else 'FAIL'} ({detail})", flush=True)
             failed |= not ok
-        rows_out.append(time_page_row(rows, length, k, sorted, device, compiled, paths))
+        rows_out.append(
+            time_page_row(rows, length, k, sorted, device, compiled, paths, args.graph_all)
+        )
         print_row(rows_out[-1])
     if args.families:
         rows_out += time_block_table(device, args.inductor)
@@ -252,11 +255,12 @@ def run_table(args, device):
     return rows_out, checks, failed
 
 
-def time_page_row(rows, length, k, sorted, device, compiled, paths=("auto",)):
-    """fxfuse_us is the first of `paths`; a second one is timed beside it as a peer."""
+def time_page_row(rows, length, k, sorted, device, compiled, paths=("auto",), graph_all=False):
+    """fxfuse_us is the first of `paths`; a second one is timed beside it as a peer. graph_all:
+    every row in CUDA graphs (fxfuse and its peers alike), as a CUDA-graph decode step runs them."""
     score_bytes = rows * length * 4
     roofline_us = score_bytes / COPY_BYTES_PER_US
-    graph = roofline_us * 4 < GRAPH_BELOW_US
+    graph = graph_all or roofline_us * 4 < GRAPH_BELOW_US
     sets = page_inputs(
         rows, length, device, seed=rows * 7 + length, copies=copies_for(score_bytes, graph)
     )
@@ -496,6 +500,11 @@ def main():
         help="top-k kernel path of the page-transform cases; both: row and multi side by side",
     )
     parser.add_argument("--no-inductor", dest="inductor", action="store_false")
+    parser.add_argument(
+        "--graph-all",
+        action="store_true",
+        help="time every page-transform row in CUDA graphs (fxfuse and peers), not only short ones",
+    )
     parser.add_argument(
         "--no-families",
         dest="families",

@@ -113,6 +113,7 @@ def _collect_kernel(
         pid * BLOCK,
         COLLECT,
         GROUP_MAX,
+        1,  # ROWS: 1-D chunks; since 2026-12-05 column masks (topk_lanes.py has the old append)
         BLOCK,
         CAP,
     )

@@ -252,7 +252,6 @@ def main() -> int:
         (64, 131072, 2048),
         (256, 131072, 2048),
         (256, 131072, 512),
-        (4096, 4096, 2048),
     ]
     variants = [
         ("auto", {}, None),
@@ -262,8 +261,12 @@ def main() -> int:
     ]
     for w in (4, 8):
         variants.append((f"multi_w{w}", {"MULTI_WARPS": w}, "multi"))
-    for blk, ch in ((2048, 16), (8192, 4), (4096, 32), (4096, 2)):
-        variants.append((f"multi_b{blk}_c{ch}", {"MULTI_BLOCK": blk, "MULTI_CHUNKS": ch}, "multi"))
+    # chunk geometry (MULTI_ROWS x MULTI_BLOCK, MULTI_CHUNKS per segment) and warps
+    for r, blk, ch, w in ((2, 2048, 8, 16), (4, 2048, 4, 16), (4, 2048, 8, 16), (2, 2048, 2, 8)):
+        geometry = {"MULTI_ROWS": r, "MULTI_BLOCK": blk, "MULTI_CHUNKS": ch, "MULTI_WARPS": w}
+        variants.append((f"multi_r{r}_b{blk}_c{ch}_w{w}", geometry, "multi"))
+    variants.append(("multi_radix", {"TILE_SELECT": 0}, "multi"))
+    variants.append(("multi_sample4096", {"MULTI_SAMPLE": 4096}, "multi"))
     for rows, length, k in shapes:
         g = torch.Generator(device=dev).manual_seed(rows * 7 + k)
         scores = torch.randn(rows, length, device=dev, generator=g)

@@ -133,6 +133,9 @@ SELECT_BITS = tl.constexpr(5)      # 32-bin histograms: the fewest ballots per r
 # The register-tile select (`_take_top`): its descent to the k-th key.
 SELECT_RADIX = tl.constexpr(0)     # RADIX_BITS-digit histograms (tl.histogram)
 SELECT_BISECT = tl.constexpr(1)    # one count per bit, stopping at an exact k
+# Sampled estimates by bisection resolve the key's bits down to this one: sign, exponent and 7
+# mantissa bits, a value within 1 % below the sample's rank-r score.
+ESTIMATE_LOW_BIT = tl.constexpr(16)
 HALF_TILE_MIN = tl.constexpr(1024)  # masked rows take a half tile from this size on
 FALLBACK_BLOCK = tl.constexpr(1024)  # chunk of the whole-row fallback (the row path's machinery)
 SAMPLE_SECTOR = tl.constexpr(16)   # consecutive scores per sample position (one 64 B line of fp32)
@@ -687,17 +690,19 @@ def _radix_edge_global(keys_ptr, base, count, need, BLOCK: tl.constexpr,
 
 
 @triton.jit
-def _bisect_edge(v, count, need, top_bit):
+def _bisect_edge(v, count, need, top_bit, low_bit):
     """(t, c): the largest uint32 t with c = #(v >= t) >= need, for a tile v that is 0 wherever
     an element does not take part and `count` >= need elements that do (a 0 among them ranks
-    last: every trial is >= 1). One count per bit from top_bit down (v < 2**(top_bit + 1));
-    stops early at a t with c == need: {v >= t} is then exactly the top `need`. Otherwise (all
-    bits resolved, c > need) t is the need-th largest value and it is tied. A compare and an add
-    per element and bit: no histogram, so no shared-memory atomics piling onto a few bins."""
+    last: every trial is >= 1). One count per bit from top_bit down to low_bit (v <
+    2**(top_bit + 1)); stops early at a t with c == need: {v >= t} is then exactly the top
+    `need`. Otherwise (bits down to 0 resolved, c > need) t is the need-th largest value and it
+    is tied; with low_bit > 0, t is that value with its bits below low_bit cleared (a lower
+    edge: still c >= need). A compare and an add per element and bit: no histogram, so no
+    shared-memory atomics piling onto a few bins."""
     t = tl.full((), 0, tl.uint32)
     c = tl.full((), 0, tl.int32) + count
     b = tl.full((), 0, tl.int32) + top_bit
-    while (b >= 0) & (c != need):
+    while (b >= low_bit) & (c != need):
         trial = t | (tl.full((), 1, tl.uint32) << b.to(tl.uint32))
         cnt = tl.sum((v >= trial).to(tl.int32), 0)
         t = tl.where(cnt >= need, trial, t)
@@ -716,7 +721,7 @@ def _take_top(key, idx, valid, m, k, idx_bits, RADIX_BITS: tl.constexpr, SELECT:
         if SELECT == SELECT_BISECT:
             # Keys are 0 off the valid elements (`_ordered_key`, and the candidates' padding),
             # the m valid ones > 0.
-            t, c = _bisect_edge(key, m, k, 31)
+            t, c = _bisect_edge(key, m, k, 31, 0)
             take = valid & (key >= t)
             if c != k:
                 # The k-th key t is tied: all keys above it, then its `need` lowest indices
@@ -726,7 +731,7 @@ def _take_top(key, idx, valid, m, k, idx_bits, RADIX_BITS: tl.constexpr, SELECT:
                 need = k - tl.sum(above.to(tl.int32), 0)
                 rank = (idx ^ ((1 << idx_bits) - 1)).to(tl.uint32)
                 r_t, _ = _bisect_edge(tl.where(tie, rank, 0), c - (k - need), need,
-                                      idx_bits - 1)  # fmt: skip
+                                      idx_bits - 1, 0)  # fmt: skip
                 take = above | (tie & (rank >= r_t))
         else:
             prefix, s, need, in_bin = _radix_edge(key, valid, k, 32, RADIX_BITS)
@@ -765,40 +770,73 @@ def _select_candidates(
 def _collect_segment(
     scores_ptr, row_off, stride_sl, n_seg, seg_start, lo, keys_ptr, idx_ptr, area, count_ptr,
     gmax_ptr, gmax_at,
-    COLLECT: tl.constexpr, GROUP_MAX: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
+    COLLECT: tl.constexpr, GROUP_MAX: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    CAP: tl.constexpr,
 ):
-    """Stream one segment (n_seg scores from row_off) once: append the keys >= lo to the row's
-    candidate area (slots from the row's counter; those past CAP are counted, not stored) and
-    store the maxima of the BLOCK strided groups {j + c·BLOCK} (0 for an empty group)."""
-    offs0 = tl.arange(0, BLOCK)
+    """Stream one segment (n_seg <= 32 x BLOCK scores from row_off) once, ROWS x BLOCK scores a
+    chunk: append the keys >= lo to the row's candidate area (slots from the row's counter;
+    those past CAP are counted, not stored) and store the maxima of the BLOCK strided groups
+    {j + c·BLOCK} (0 for an empty group).
+
+    A chunk is a (ROWS, BLOCK) tile, score j + r·BLOCK at [r, j], and a thread keeps its columns
+    along axis 0. While streaming nothing crosses threads and nothing is stored: each column
+    keeps a bit mask of its candidates (bit c·ROWS + r) and their count in registers. After the
+    segment, one scan of the columns' counts and one atomic place every column's run in the
+    row's area, and the columns walk their masks lowest bit first (the bit's position from the
+    exponent of its float value), reloading those few scores (just streamed, so mostly from L2).
+    Per-chunk scans, reductions and atomics, or queues in memory, cost 70-220 us more than the
+    stream at 256 x 128K (benchmarks/experiments/topk_lanes.py)."""
+    CHUNK: tl.constexpr = ROWS * BLOCK
+    cols = tl.arange(0, BLOCK)
+    rows = tl.arange(0, ROWS)
+    offs0 = rows[:, None] * BLOCK + cols[None, :]
     gmax = tl.zeros((BLOCK,), tl.uint32)
+    found = tl.zeros((BLOCK,), tl.uint32)  # bit c·ROWS + r: [r, j] of chunk c is a candidate
+    count = tl.zeros((BLOCK,), tl.int32)
     x_next = tl.load(scores_ptr + row_off + offs0 * stride_sl, mask=offs0 < n_seg, other=0.0)
     start = 0
+    shift = 0
     while start < n_seg:
         offs = start + offs0
         valid = offs < n_seg
         x = x_next
         # Issue the next chunk's load before this chunk's work: it overlaps it.
-        offs_next = offs + BLOCK
+        offs_next = offs + CHUNK
         x_next = tl.load(
             scores_ptr + row_off + offs_next * stride_sl, mask=offs_next < n_seg, other=0.0
         )
         key = _ordered_key(x, valid)
         if GROUP_MAX:
-            gmax = tl.maximum(gmax, key)
+            gmax = tl.maximum(gmax, tl.max(key, 0))
         if COLLECT:
-            cand = valid & (key >= lo)
-            n_cand = tl.sum(cand.to(tl.int32), 0)
-            if n_cand > 0:
-                # One atomic per chunk reserves the chunk's slots; the scan orders them.
-                base = tl.atomic_add(count_ptr, n_cand, sem="relaxed")
-                pos = base + tl.cumsum(cand.to(tl.int32), 0) - 1
-                ok = cand & (pos < CAP)
-                tl.store(keys_ptr + area + pos, key.to(tl.int32, bitcast=True), mask=ok)
-                tl.store(idx_ptr + area + pos, seg_start + offs, mask=ok)
-        start += BLOCK
+            cand = (valid & (key >= lo)).to(tl.uint32)
+            found |= tl.sum(cand << (shift + rows[:, None]).to(tl.uint32), 0)  # distinct bits
+            count += tl.sum(cand.to(tl.int32), 0)
+        start += CHUNK
+        shift += ROWS
     if GROUP_MAX:
-        tl.store(gmax_ptr + gmax_at + offs0, gmax.to(tl.int32, bitcast=True))
+        tl.store(gmax_ptr + gmax_at + cols, gmax.to(tl.int32, bitcast=True))
+    if COLLECT:
+        n_cand = tl.sum(count, 0)
+        if n_cand > 0:
+            base = tl.atomic_add(count_ptr, n_cand, sem="relaxed")
+            pos = base + tl.cumsum(count, 0) - count
+            deepest = tl.max(count, 0)
+            d = 0
+            while d < deepest:
+                low = found & (0 - found)  # the lowest candidate bit left (0: none)
+                live = low != 0
+                # log2 of a power of two: its float's exponent
+                bit = (low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
+                offs = (bit // ROWS) * CHUNK + (bit % ROWS) * BLOCK + cols
+                x = tl.load(scores_ptr + row_off + offs * stride_sl, mask=live, other=0.0)
+                ok = live & (pos < CAP)
+                tl.store(keys_ptr + area + pos, _ordered_key(x, live).to(tl.int32, bitcast=True),
+                         mask=ok)  # fmt: skip
+                tl.store(idx_ptr + area + pos, seg_start + offs, mask=ok)
+                found ^= low
+                pos += 1
+                d += 1
 
 
 @triton.jit
@@ -850,9 +888,12 @@ def _topk_sample_kernel(
     # switches and meta-parameters
     LENGTHS: tl.constexpr, HAS_STARTS: tl.constexpr, SAMPLE: tl.constexpr,
     SECTOR: tl.constexpr, MIN_RANK: tl.constexpr, RADIX_BITS: tl.constexpr,
+    SELECT: tl.constexpr,
 ):
     """Per row: the estimate, a key whose count in the row should be ~1.5 k (exact when the
-    whole row fits the sample)."""
+    whole row fits the sample). SELECT: the descent to the sample's rank-r key, radix
+    histograms, or a bisection that stops at ESTIMATE_LOW_BIT on sampled rows (the estimate
+    need not be exact, only a key that r sampled keys reach)."""
     row = row_base + tl.program_id(0)
     row64 = row.to(tl.int64)
     n, start = _row_window(row, length, lengths_ptr, starts_ptr, LENGTHS, HAS_STARTS)
@@ -872,12 +913,17 @@ def _topk_sample_kernel(
         row_off = row64 * stride_sr + tl.cast(start, tl.int64) * stride_sl
         x = tl.load(scores_ptr + row_off + pos * stride_sl, mask=valid, other=0.0)
         key = _ordered_key(x, valid)
-        prefix, s, _, _ = _radix_edge(key, valid, rank, 32, RADIX_BITS)
-        estimate = (prefix << s).to(tl.int32, bitcast=True)
-        tl.store(state_ptr + row64 * STATE_WORDS + ST_ESTIMATE, estimate)
+        if SELECT == SELECT_BISECT:
+            low_bit = tl.where(n <= SAMPLE, 0, ESTIMATE_LOW_BIT)
+            edge, _ = _bisect_edge(key, tl.minimum(n, SAMPLE), rank, 31, low_bit)
+        else:
+            prefix, s, _, _ = _radix_edge(key, valid, rank, 32, RADIX_BITS)
+            edge = prefix << s
+        tl.store(state_ptr + row64 * STATE_WORDS + ST_ESTIMATE, edge.to(tl.int32, bitcast=True))
 
 
-@triton.jit(do_not_specialize=["length", "pt_cols", "row_base", "idx_bits"])
+# stride_sl unspecialized: see _collect_segment.
+@triton.jit(do_not_specialize=["length", "pt_cols", "row_base", "idx_bits", "stride_sl"])
 def _topk_multi_kernel(
     # pointers
     scores_ptr, lengths_ptr, starts_ptr, row_to_batch_ptr, page_table_ptr, out_ptr, state_ptr,
@@ -891,11 +937,12 @@ def _topk_multi_kernel(
     HAS_ROW_TO_BATCH: tl.constexpr, EPILOGUE: tl.constexpr, SORT: tl.constexpr,
     LOG2_PAGE: tl.constexpr, ESTIMATE: tl.constexpr,
     # meta-parameters
-    BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CAP: tl.constexpr, AREA: tl.constexpr,
-    K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, SELECT: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CAP: tl.constexpr,
+    AREA: tl.constexpr, K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
+    SELECT: tl.constexpr,
 ):
     """One program per (row of this group, segment); see the module docstring."""
-    SEGMENT: tl.constexpr = BLOCK * CHUNKS
+    SEGMENT: tl.constexpr = ROWS * BLOCK * CHUNKS
     pid = tl.program_id(0)
     local = pid // num_segments  # the row's slot in this group's scratch
     seg = pid % num_segments
@@ -929,7 +976,7 @@ def _topk_multi_kernel(
             _collect_segment(
                 scores_ptr, seg_off, stride_sl, n_seg, seg_start, lo, keys_ptr, idx_ptr, area,
                 state + ST_COUNT, gmax_ptr, gmax_row + seg * BLOCK,
-                ESTIMATE, True, BLOCK, CAP,
+                ESTIMATE, True, ROWS, BLOCK, CAP,
             )
             # Every thread's stores land before the ticket (release); the last segment to
             # finish sees them all (acquire) and finishes the row.
@@ -963,7 +1010,7 @@ def _topk_multi_kernel(
             _collect_segment(
                 scores_ptr, seg_off, stride_sl, n_seg, seg_start, lo, keys_ptr, idx_ptr, area,
                 state + ST_RETRY_COUNT, gmax_ptr, 0,
-                True, False, BLOCK, CAP,
+                True, False, ROWS, BLOCK, CAP,
             )
             tl.debug_barrier()
             ticket = tl.atomic_add(state + ST_RETRY_TICKET, 1, sem="acq_rel")
@@ -997,20 +1044,23 @@ def _topk_multi_kernel(
 KERNEL_NAME = "topk"
 CONFIG_FIELDS = ("BLOCK", "RADIX_BITS", "PROGRAMS_PER_SM", "num_warps", "TILE_MAX")
 # The multi-program path: when it is taken (MIN_LENGTH, MIN_ELEMENTS = rows · length, MAX_ROWS:
-# beyond it the row path's one program per row already fills the GPU), its chunk, chunks per
-# segment, candidate capacity, sample size and warps.
+# beyond it the row path's one program per row already fills the GPU), its chunk (MULTI_ROWS x
+# MULTI_BLOCK scores, MULTI_BLOCK strided groups), chunks per segment, candidate capacity, sample
+# size and warps.
 MULTI_FIELDS = (
-    "MULTI_MIN_LENGTH", "MULTI_MIN_ELEMENTS", "MULTI_MAX_ROWS", "MULTI_BLOCK", "MULTI_CHUNKS",
-    "MULTI_CAP", "MULTI_SAMPLE", "MULTI_WARPS",
+    "MULTI_MIN_LENGTH", "MULTI_MIN_ELEMENTS", "MULTI_MAX_ROWS", "MULTI_BLOCK", "MULTI_ROWS",
+    "MULTI_CHUNKS", "MULTI_CAP", "MULTI_SAMPLE", "MULTI_WARPS",
 )  # fmt: skip
 TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # Not in the table: chosen per call (SEGMENTS > 1 splits each row over that many programs;
 # MULTI_ESTIMATE 0 skips the sample estimate, every long row then takes MULTI_RETRY).
-# TILE_SELECT: the register-tile select's descent, SELECT_RADIX or SELECT_BISECT (default
-# DEFAULT_TILE_SELECT).
+# TILE_SELECT: the descent of the register-tile selects and of the multi path's sample
+# estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT).
 OVERRIDE_FIELDS = (*TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT")
 PATHS = ("auto", "row", "multi")
 PATH_ENV = "FXFUSE_TOPK_PATH"
+# A segment's column holds MULTI_ROWS x MULTI_CHUNKS scores, tracked as one uint32 bit mask.
+MULTI_COLUMN_BITS = 32
 # Scratch of the multi-program path per launch group; more rows run as several groups.
 MULTI_SCRATCH_BYTES = 256 * 2**20
 MAX_K = 2048
@@ -1099,6 +1149,12 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
         check(name, lambda v: v >= 1, "a positive int")
     for name in ("MULTI_BLOCK", "MULTI_CAP"):
         check(name, lambda v: v >= 16 and pow2(v), "a power of 2 >= 16")
+    check("MULTI_ROWS", pow2, "a power of 2")
+    if resolved["MULTI_ROWS"] * resolved["MULTI_CHUNKS"] > MULTI_COLUMN_BITS:
+        raise ValueError(
+            f"config: MULTI_ROWS x MULTI_CHUNKS must be <= {MULTI_COLUMN_BITS} (a segment's "
+            f"column is one bit mask), got {resolved['MULTI_ROWS']} x {resolved['MULTI_CHUNKS']}"
+        )
     check("MULTI_SAMPLE", lambda v: v >= 2 * SAMPLE_SECTOR.value and pow2(v),
           f"a power of 2 >= {2 * SAMPLE_SECTOR.value}")  # fmt: skip
     check("MULTI_ESTIMATE", lambda v: v in (0, 1), "0 or 1")
@@ -1260,7 +1316,7 @@ def _multi_plan(cfg: dict, rows: int, length: int, k: int) -> dict:
     # exists. CAP >= 2 k leaves room for the estimate's spread (~1.5 k expected).
     block = max(cfg["MULTI_BLOCK"], k_pad)
     cap = max(cfg["MULTI_CAP"], 2 * k_pad)
-    segment = block * cfg["MULTI_CHUNKS"]
+    segment = block * cfg["MULTI_ROWS"] * cfg["MULTI_CHUNKS"]
     segments = triton.cdiv(length, segment)
     fallback = 2 * (2 * FALLBACK_BLOCK.value + k_pad) + k_pad
     area = max(cap + k_pad, fallback)  # pairs per row
@@ -1270,7 +1326,8 @@ def _multi_plan(cfg: dict, rows: int, length: int, k: int) -> dict:
     if group * max(area, gmax_row) >= 2**31:
         group = max(1, (2**31 - 1) // max(area, gmax_row))
     return {
-        "k_pad": k_pad, "block": block, "chunks": cfg["MULTI_CHUNKS"], "cap": cap,
+        "k_pad": k_pad, "block": block, "rows": cfg["MULTI_ROWS"], "chunks": cfg["MULTI_CHUNKS"],
+        "cap": cap,
         "segments": segments, "area": area, "gmax_row": gmax_row, "group": group,
         "sample": cfg["MULTI_SAMPLE"], "warps": cfg["MULTI_WARPS"],
         "estimate": cfg["MULTI_ESTIMATE"],
@@ -1307,7 +1364,7 @@ def _launch_multi(
                 LENGTHS=lengths_mode, HAS_STARTS=row_starts is not None,
                 SAMPLE=plan["sample"], SECTOR=SAMPLE_SECTOR.value,
                 MIN_RANK=max(1, plan["sample"] // 128), RADIX_BITS=SELECT_BITS.value,
-                num_warps=plan["warps"],
+                SELECT=cfg["TILE_SELECT"], num_warps=plan["warps"],
             )  # fmt: skip
         for stage in (MULTI_FIRST.value, MULTI_RETRY.value):
             launch(_topk_multi_kernel, (group_rows * plan["segments"],),
@@ -1323,7 +1380,7 @@ def _launch_multi(
                 STAGE=stage, LENGTHS=lengths_mode, HAS_STARTS=row_starts is not None,
                 HAS_ROW_TO_BATCH=row_to_batch is not None, EPILOGUE=epilogue, SORT=sort,
                 LOG2_PAGE=page_size.bit_length() - 1, ESTIMATE=plan["estimate"],
-                BLOCK=plan["block"], CHUNKS=plan["chunks"], CAP=plan["cap"],
+                ROWS=plan["rows"], BLOCK=plan["block"], CHUNKS=plan["chunks"], CAP=plan["cap"],
                 AREA=plan["area"], K_PAD=plan["k_pad"], FB_BLOCK=FALLBACK_BLOCK.value,
                 RADIX_BITS=SELECT_BITS.value, SELECT=cfg["TILE_SELECT"], num_warps=plan["warps"],
             )  # fmt: skip

@@ -2,8 +2,9 @@
 Triton's interpreter, forced on small shapes with small tiles, against the torch reference.
 
 Small configs: 32-score chunks, 2 chunks per segment (so a 300-score row has 5 segments), 64
-candidate slots, a 64-score sample. Each test says which branch the rows take (the per-row
-state `_launch` returns): the estimate's candidates, the group-max retry, or the whole-row
+candidate slots, a 64-score sample; TILED streams the same 64-score segments as one (2, 32)
+chunk (the column masks of `_collect_segment`). Each test says which branch the rows take (the
+per-row state `_launch` returns): the estimate's candidates, the group-max retry, or the whole-row
 fallback when the candidates overflow.
 """
 
@@ -14,8 +15,9 @@ import torch
 
 from fxfuse.kernels import topk, topk_ref
 
-MULTI = {"MULTI_BLOCK": 32, "MULTI_CHUNKS": 2, "MULTI_CAP": 64, "MULTI_SAMPLE": 64}
-RETRY_ONLY = {**MULTI, "MULTI_ESTIMATE": 0}
+MULTI = {"MULTI_BLOCK": 32, "MULTI_ROWS": 1, "MULTI_CHUNKS": 2, "MULTI_CAP": 64, "MULTI_SAMPLE": 64}
+TILED = {**MULTI, "MULTI_ROWS": 2, "MULTI_CHUNKS": 1}
+GEOMETRIES = pytest.mark.parametrize("geometry", [MULTI, TILED], ids=["rows1", "rows2"])
 # A sample as large as the row: the estimate is the exact k-th key.
 WHOLE_SAMPLE = {**MULTI, "MULTI_SAMPLE": 512}
 CAP = MULTI["MULTI_CAP"]
@@ -71,23 +73,45 @@ def test_estimate_branch(dtype, sorted):
     assert torch.equal(ours, values.topk(24, dim=1).values)
 
 
+@GEOMETRIES
 @pytest.mark.parametrize("sorted", [False, True])
-def test_sampled_estimate_and_retry(sorted):
+def test_sampled_estimate_and_retry(sorted, geometry):
     # A 64-score sample of 300: some rows' estimates miss and retry; both must be exact.
     scores = torch.randn(8, 300)
     scores[1::2, ::3] = 0.25  # ties across the threshold in every other row
-    out, state = _indices(scores, 24, sorted=sorted)
+    out, state = _indices(scores, 24, sorted=sorted, config=geometry)
     _check(scores, 24, out, sorted=sorted)
     assert state[:, topk.ST_TICKET.value].eq(5).all()  # every segment took its ticket
     retried = _retried(state)
     assert retried.any() and not retried.all()  # (seeded) both branches ran
 
 
+@pytest.mark.parametrize("select", [0, 1], ids=["radix", "bisect"])
+def test_estimate_descents(select):
+    # The sample's rank-r key by radix histograms (exact) or by a bisection stopped at
+    # ESTIMATE_LOW_BIT (a lower edge): either way a key that r sampled scores reach.
+    scores = torch.randn(8, 300)
+    out, state = _indices(scores, 24, config={**MULTI, "TILE_SELECT": select})
+    _check(scores, 24, out)
+    estimate = state[:, topk.ST_ESTIMATE.value].to(torch.int64) & 0xFFFFFFFF
+    # MULTI's sample: 4 runs of 16 scores, 75 apart; rank ceil(1.5 * 24 * 64 / 300) = 8
+    pos = torch.arange(64) // 16 * 75 + torch.arange(64) % 16
+    sample = topk_ref.score_keys_ref(scores[:, pos])
+    rank_key = sample.sort(1, descending=True).values[:, 7]
+    reached = (sample >= estimate[:, None]).sum(1)
+    assert (reached >= 8).all() and (estimate <= rank_key).all()
+    # Both descents stop early at an edge that exactly 8 reach; else the radix one is exact,
+    # the bisection's low bits are cleared.
+    low = (1 << topk.ESTIMATE_LOW_BIT.value) - 1 if select else 0
+    assert ((reached == 8) | (estimate >= rank_key & ~low)).all()
+
+
+@GEOMETRIES
 @pytest.mark.parametrize("sorted", [False, True])
-def test_retry_branch(sorted):
+def test_retry_branch(sorted, geometry):
     scores = torch.randn(3, 300)
     scores[2, 100:130] = 1.5  # a 30-way tie straddling the threshold (1.5 is in the top 24)
-    out, state = _indices(scores, 24, sorted=sorted, config=RETRY_ONLY)
+    out, state = _indices(scores, 24, sorted=sorted, config={**geometry, "MULTI_ESTIMATE": 0})
     _check(scores, 24, out, sorted=sorted)
     assert _retried(state).all()
     counts = _retry_count(state)
@@ -138,23 +162,25 @@ OVERFLOWING = {"constant", "all_neg_inf", "all_nan", "top30_equal", "signed_zero
     ["constant", "ascending", "descending", "all_neg_inf", "all_nan", "nan_mix", "top22_equal",
      "top30_equal", "signed_zeros"],
 )  # fmt: skip
-def test_adversarial_rows(name):
+@GEOMETRIES
+def test_adversarial_rows(name, geometry):
     scores = _adversarial(name, 2, 300)
     for sorted in (False, True):
-        out, state = _indices(scores, 24, sorted=sorted, config=RETRY_ONLY)
+        out, state = _indices(scores, 24, sorted=sorted, config={**geometry, "MULTI_ESTIMATE": 0})
         _check(scores, 24, out, sorted=sorted)
         assert (_retry_count(state) > CAP).all() == (name in OVERFLOWING)
 
 
-def test_lengths_around_k_and_segments():
-    k, segment = 24, 64  # MULTI: 32-score chunks x 2
+@GEOMETRIES
+def test_lengths_around_k_and_segments(geometry):
+    k, segment = 24, 64  # 64-score segments (MULTI and TILED)
     # empty, 1, k-1, k, k+1, a segment's edges, several segments, the full row
     lens = [0, 1, k - 1, k, k + 1, segment - 1, segment, segment + 1, 2 * segment + 1, 300]
     scores = torch.randn(len(lens), 300)
     scores[1::2, ::4] = 0.5
     lengths = torch.tensor(lens, dtype=torch.int32)
     for sorted in (False, True):
-        for config in (MULTI, RETRY_ONLY):
+        for config in (geometry, {**geometry, "MULTI_ESTIMATE": 0}):
             out, _ = _indices(scores, k, lengths, sorted=sorted, config=config)
             _check(scores, k, out, lengths, sorted=sorted)
             if not sorted:  # rows no longer than k: the identity, then padding
@@ -164,15 +190,29 @@ def test_lengths_around_k_and_segments():
             assert (out[0] == -1).all()
 
 
-def test_row_starts_pad_and_odd_strides():
+@GEOMETRIES
+def test_row_starts_pad_and_odd_strides(geometry):
     base = torch.randn(5, 1003)
     scores = base[:, 3:403]  # row stride 1003 (not a multiple of 4), unaligned start
     starts = torch.tensor([0, 50, 370, 500, 7], dtype=torch.int64)  # 500 is clamped to L
     lengths = torch.tensor([400, 200, 100, 10, 25], dtype=torch.int64)
-    for config in (MULTI, RETRY_ONLY):
+    for config in (geometry, {**geometry, "MULTI_ESTIMATE": 0}):
         out, _ = _indices(scores, 24, lengths, starts, pad=400, config=config)
         _check(scores, 24, out, lengths, starts, pad=400)
     assert (out[3] == 400).all() and ((out[2] >= 0) & (out[2] < 30)).all()
+
+
+def test_full_column_masks():
+    # 32 scores per column per segment (a (4, 32) chunk, 8 chunks): every bit of a column's
+    # candidate mask set, in the first segment's column 5 and across the second segment.
+    config = {**MULTI, "MULTI_ROWS": 4, "MULTI_CHUNKS": 8}
+    scores = torch.randn(3, 2048)
+    scores[0, 5::32][:32] = 5.0  # column 5 of segment 0: 32 ties, the top 24 the first ones
+    scores[1, 1024:] = 4.0 + torch.rand(1024)  # every score of segment 1 above segment 0's
+    for sorted in (False, True):
+        out, state = _indices(scores, 24, sorted=sorted, config=config)
+        _check(scores, 24, out, sorted=sorted)
+        assert (state[:2, topk.ST_COUNT.value] >= 24).all()
 
 
 def test_fp16_and_two_launches_in_a_row():
@@ -296,6 +336,8 @@ def test_masks_and_block_tables_keep_the_row_path(monkeypatch):
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_ESTIMATE": 2}), "config"),
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_WARPS": 3}), "config"),
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_CHUNKS": 0}), "config"),
+        (lambda s: topk.topk_indices(s, 4, config={"MULTI_ROWS": 3}), "config"),
+        (lambda s: topk.topk_indices(s, 4, config={"MULTI_ROWS": 8, "MULTI_CHUNKS": 5}), "config"),
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_MAX_ROWS": 0}), "config"),
     ],
 )
