@@ -49,9 +49,10 @@ score once in the common case, spread over one program per (row, segment):
 0. Sample (one program per row): MULTI_SAMPLE scores in evenly spaced runs of 16; the estimate
    is the rank-r key of the sample with r = 1.5 k · sample / n (>= sample / 128), the exact
    k-th key when the row fits the sample. About 1.5 k of the row's keys reach it.
-1. MULTI_FIRST (one program per segment of MULTI_BLOCK x MULTI_CHUNKS scores): stream the
-   segment once; keys >= the estimate go to the row's candidate area (one atomic per chunk
-   reserves the slots), and the maxima of the MULTI_BLOCK strided groups {j + c·BLOCK} are
+1. MULTI_FIRST (one program per segment of MULTI_ROWS x MULTI_BLOCK x MULTI_CHUNKS scores):
+   stream the segment once, each column's candidates (keys >= the estimate) kept as a bit mask
+   in registers, then placed in the row's candidate area (one atomic per segment reserves the
+   slots; `_collect_segment`), and the maxima of the MULTI_BLOCK strided groups {j + c·BLOCK}
    stored. The segment that finishes last (a per-row ticket, acq_rel: every segment's stores
    are visible to it) finishes the row: k <= m <= CAP candidates -> exact select (radix over
    the key in registers, then over the index bits among the k-th key's ties) and the epilogue.
