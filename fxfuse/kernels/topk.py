@@ -785,8 +785,8 @@ def _collect_segment(
     segment, one scan of the columns' counts and one atomic place every column's run in the
     row's area, and the columns walk their masks lowest bit first (the bit's position from the
     exponent of its float value), reloading those few scores (just streamed, so mostly from L2).
-    Per-chunk scans, reductions and atomics, or queues in memory, cost 70-220 us more than the
-    stream at 256 x 128K (benchmarks/experiments/topk_lanes.py)."""
+    At 256 x 128K this append costs ~70 us over the 41 us stream; per-chunk scans, reductions
+    and atomics cost 106-221 us, queues in memory ~75 (benchmarks/experiments/topk_lanes.py)."""
     CHUNK: tl.constexpr = ROWS * BLOCK
     cols = tl.arange(0, BLOCK)
     rows = tl.arange(0, ROWS)

@@ -18,6 +18,11 @@ from fxfuse.kernels import topk, topk_ref
 MULTI = {"MULTI_BLOCK": 32, "MULTI_ROWS": 1, "MULTI_CHUNKS": 2, "MULTI_CAP": 64, "MULTI_SAMPLE": 64}
 TILED = {**MULTI, "MULTI_ROWS": 2, "MULTI_CHUNKS": 1}
 GEOMETRIES = pytest.mark.parametrize("geometry", [MULTI, TILED], ids=["rows1", "rows2"])
+
+
+def _retry_only(config: dict) -> dict:
+    """config without the sample estimate: every long row takes MULTI_RETRY."""
+    return {**config, "MULTI_ESTIMATE": 0}
 # A sample as large as the row: the estimate is the exact k-th key.
 WHOLE_SAMPLE = {**MULTI, "MULTI_SAMPLE": 512}
 CAP = MULTI["MULTI_CAP"]
@@ -111,7 +116,7 @@ def test_estimate_descents(select):
 def test_retry_branch(sorted, geometry):
     scores = torch.randn(3, 300)
     scores[2, 100:130] = 1.5  # a 30-way tie straddling the threshold (1.5 is in the top 24)
-    out, state = _indices(scores, 24, sorted=sorted, config={**geometry, "MULTI_ESTIMATE": 0})
+    out, state = _indices(scores, 24, sorted=sorted, config=_retry_only(geometry))
     _check(scores, 24, out, sorted=sorted)
     assert _retried(state).all()
     counts = _retry_count(state)
@@ -166,7 +171,7 @@ OVERFLOWING = {"constant", "all_neg_inf", "all_nan", "top30_equal", "signed_zero
 def test_adversarial_rows(name, geometry):
     scores = _adversarial(name, 2, 300)
     for sorted in (False, True):
-        out, state = _indices(scores, 24, sorted=sorted, config={**geometry, "MULTI_ESTIMATE": 0})
+        out, state = _indices(scores, 24, sorted=sorted, config=_retry_only(geometry))
         _check(scores, 24, out, sorted=sorted)
         assert (_retry_count(state) > CAP).all() == (name in OVERFLOWING)
 
@@ -180,7 +185,7 @@ def test_lengths_around_k_and_segments(geometry):
     scores[1::2, ::4] = 0.5
     lengths = torch.tensor(lens, dtype=torch.int32)
     for sorted in (False, True):
-        for config in (geometry, {**geometry, "MULTI_ESTIMATE": 0}):
+        for config in (geometry, _retry_only(geometry)):
             out, _ = _indices(scores, k, lengths, sorted=sorted, config=config)
             _check(scores, k, out, lengths, sorted=sorted)
             if not sorted:  # rows no longer than k: the identity, then padding
@@ -196,7 +201,7 @@ def test_row_starts_pad_and_odd_strides(geometry):
     scores = base[:, 3:403]  # row stride 1003 (not a multiple of 4), unaligned start
     starts = torch.tensor([0, 50, 370, 500, 7], dtype=torch.int64)  # 500 is clamped to L
     lengths = torch.tensor([400, 200, 100, 10, 25], dtype=torch.int64)
-    for config in (geometry, {**geometry, "MULTI_ESTIMATE": 0}):
+    for config in (geometry, _retry_only(geometry)):
         out, _ = _indices(scores, 24, lengths, starts, pad=400, config=config)
         _check(scores, 24, out, lengths, starts, pad=400)
     assert (out[3] == 400).all() and ((out[2] >= 0) & (out[2] < 30)).all()
