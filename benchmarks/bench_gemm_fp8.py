@@ -139,7 +139,7 @@ def sweep_candidates(m: int, k: int, base: dict) -> list[dict]:
         grid += [
             {"BLOCK_M": min(block_m, 64), "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk,
              "num_stages": 3 if bn * bk > 16384 else 4, "SWAP_AB": 1, "num_warps": 4}
-            for bn, bk, sk in itertools.product((64, 128), (128, 256), (1, 2, 4, 8))
+            for bn, bk, sk in itertools.product((64, 128), (128, 256), (1, 2, 4, 8, 16, 32))
         ]
     else:
         grid = [

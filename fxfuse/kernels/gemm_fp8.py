@@ -91,13 +91,17 @@ def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.co
 
 @triton.jit
 def _split_k_reduce(
-    acc, partial_ptr, lock_ptr, tile_id, pid_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    acc, partial_ptr, lock_ptr, tile_id, pid_k, mask_m, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
-    """Store this split's partial; the last split of the tile returns (Σ partials, True)."""
+    """Store this split's partial; the last split of the tile returns (Σ partials, True).
+
+    Only the tile's rows below M (mask_m) travel: a decode tile (M = 1 in a 16-row tile) writes
+    and reads back 1/16 of the partial, which is what lets skinny GEMMs split K many ways."""
     offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    rows = mask_m[:, None] & (tl.arange(0, BLOCK_N)[None, :] < BLOCK_N)
     tile_ptr = partial_ptr + tile_id.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
-    tl.store(tile_ptr + pid_k * (BLOCK_M * BLOCK_N) + offs, acc)
+    tl.store(tile_ptr + pid_k * (BLOCK_M * BLOCK_N) + offs, acc, mask=rows)
     # Every thread's store precedes the release by the one thread that bumps the counter.
     tl.debug_barrier()
     arrived = tl.atomic_add(lock_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
@@ -106,7 +110,8 @@ def _split_k_reduce(
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         for s in tl.static_range(SPLIT_K):
             # .cg: read L2, where the other programs' partials are, never a stale L1 line.
-            acc += tl.load(tile_ptr + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
+            acc += tl.load(tile_ptr + s * (BLOCK_M * BLOCK_N) + offs, mask=rows, other=0.0,
+                           cache_modifier=".cg")
         tl.atomic_xchg(lock_ptr + tile_id, 0, sem="relaxed", scope="gpu")
     return acc, is_last
 
@@ -297,7 +302,7 @@ def _gemm_fp8_kernel(
     is_last = True
     if SPLIT_K > 1:
         acc, is_last = _split_k_reduce(
-            acc, partial_ptr, lock_ptr, tile_id, pid_k, BLOCK_M, BLOCK_N, SPLIT_K
+            acc, partial_ptr, lock_ptr, tile_id, pid_k, mask_m, BLOCK_M, BLOCK_N, SPLIT_K
         )
     if is_last:
         if not SCALE_BLOCKWISE:

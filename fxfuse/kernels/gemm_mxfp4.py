@@ -26,14 +26,14 @@ for element (no join / reshape of the decoded values, no layout shuffle of bf16 
 activation, BLOCK_M/BLOCK_N the size of the weight tile, is the one split into even / odd columns.
 
 Decode (per weight element; the weight tile is what the program mostly does):
-- DECODE_PTX (CUDA): inline PTX turns one register of 4 bytes into the 8 bf16 values with byte
-  permutes (`prmt`) used as 8-entry lookup tables: the low and the high byte of bf16(|e2m1|) and
-  the sign byte, then two permutes interleave them into the bf16x2 registers the MMA takes:
-  17 integer instructions per 8 values (the 3 table constants are loop-invariant), no select, no
-  float op. Triton packs 4 consecutive elements of a thread per call, so the launcher enables it
-  only where each thread holds a multiple of 4 bytes of every decoded tile. The e8m0 factor
-  2^(s−127) is then one packed bf16 multiply per 2 values (exact: a power of two times a 2-bit value; s = 0 is the bf16
-  subnormal 2^−127, 255 NaN).
+- DECODE_PTX (CUDA): inline PTX turns one 16-bit register of 2 bytes into their 4 bf16 values with
+  byte permutes (`prmt`) used as 8-entry lookup tables: the low and the high byte of bf16(|e2m1|)
+  and the sign byte, then two permutes interleave them into the bf16x2 registers the MMA takes:
+  10 integer instructions per 4 values, no select, no float op. Triton hands a call 2 consecutive
+  elements of a thread (pack=2), so the launcher enables it only where each thread holds a
+  multiple of 2 bytes of every decoded tile. The e8m0 factor 2^(s−127) is then one packed bf16
+  multiply per 2 values (exact: a power of two times a 2-bit value; s = 0 is the bf16 subnormal
+  2^−127, 255 NaN).
 - otherwise (interpreter, ROCm): the 3 magnitude bits at fp32 bits 24..22 read as the e2m1 value
   times 2^−126 for every code (e = 0 lands on the fp32 subnormal 0.5·2^−126); one multiply by 2^126
   and one by the factor, in fp32 (a single multiply by 2^(s−1) would overflow for s ≥ 129).
@@ -84,39 +84,30 @@ from fxfuse.runtime.target import interpreting
 # fmt: off
 # (Kernel arguments stay grouped by role, as in the Triton tutorials.)
 
-# One 32-bit register of 4 packed bytes ($4: bytes e0..e3) → bf16x2 registers of the low nibbles
-# ($0 = e0, e1; $1 = e2, e3) and of the high nibbles ($2, $3). `prmt d, a, b, c` picks each byte
-# of d from the 8 bytes of {b, a} by a 3-bit index in c's nibbles, an 8-entry table lookup:
+# Two packed bytes e0, e1 (the 16-bit $2) → the bf16x2 register of their low nibbles ($0 = e0, e1)
+# and of their high nibbles ($1). `prmt d, a, b, c` picks each byte of d from the 8 bytes of
+# {b, a} by a 3-bit index in c's nibbles, an 8-entry table lookup:
 #   L = low bytes of bf16(0, .5, 1, 1.5, 2, 3, 4, 6): 00 00 80 C0 00 40 80 C0
 #   H = their high bytes:                              00 3F 3F 3F 40 40 40 40
 #   S = the sign byte of nibble bit 3 (0 or 1):         00 80
-# m = r & 0x77777777 puts the magnitudes of [lo e0, hi e0, lo e1, hi e1] in the 4 index nibbles
-# (m >> 16 those of e2, e3); the last permutes pair each L byte with its H|S byte. The tables sit
-# in `a` through a register (known-good PTX only ever has an immediate as `b` or `c`).
+# m = r & 0x7777 puts the magnitudes of [lo e0, hi e0, lo e1, hi e1] in the 4 index nibbles; the
+# last permutes pair each L byte with its H|S byte. Two bytes, not four, per call: the MMA operand
+# layout gives each thread its bytes in pairs (16-bit shared-memory loads), and gathering two pairs
+# into one 32-bit register cost ~5 byte permutes per 4 bytes in the sm90 SASS compiled here.
 # tests/kernels/test_gemm_mxfp4_kernel.py runs this string in a Python model of the PTX.
 E2M1_BF16_PTX_TEXT = """
 {
-.reg .b32 m01, m23, s01, s23, l01, l23, h01, h23, lut;
-and.b32 m01, $4, 0x77777777;
-shr.u32 m23, m01, 16;
-shr.u32 s01, $4, 3;
-and.b32 s01, s01, 0x11111111;
-shr.u32 s23, s01, 16;
-mov.b32 lut, 0xC0800000;
-prmt.b32 l01, lut, 0xC0804000, m01;
-prmt.b32 l23, lut, 0xC0804000, m23;
-mov.b32 lut, 0x3F3F3F00;
-prmt.b32 h01, lut, 0x40404040, m01;
-prmt.b32 h23, lut, 0x40404040, m23;
-mov.b32 lut, 0x00008000;
-prmt.b32 s01, lut, 0, s01;
-prmt.b32 s23, lut, 0, s23;
-or.b32 h01, h01, s01;
-or.b32 h23, h23, s23;
-prmt.b32 $0, l01, h01, 0x6240;
-prmt.b32 $1, l23, h23, 0x6240;
-prmt.b32 $2, l01, h01, 0x7351;
-prmt.b32 $3, l23, h23, 0x7351;
+.reg .b32 r, m, s, l, h;
+cvt.u32.u16 r, $2;
+and.b32 m, r, 0x7777;
+shr.u32 s, r, 3;
+and.b32 s, s, 0x1111;
+prmt.b32 l, 0xC0800000, 0xC0804000, m;
+prmt.b32 h, 0x3F3F3F00, 0x40404040, m;
+prmt.b32 s, 0x00008000, 0, s;
+or.b32 h, h, s;
+prmt.b32 $0, l, h, 0x6240;
+prmt.b32 $1, l, h, 0x7351;
 }
 """
 # A kernel reads globals only as constexpr.
@@ -169,8 +160,8 @@ def _dequant_halves(packed, scale, ROWS: tl.constexpr, KB: tl.constexpr,
     and of the high nibbles (odd k), (ROWS, KB) each in DOT_DTYPE."""
     if DECODE_PTX:
         lo, hi = tl.inline_asm_elementwise(
-            E2M1_BF16_PTX, "=r,=r,=r,=r,r", [packed], dtype=(tl.bfloat16, tl.bfloat16),
-            is_pure=True, pack=4,
+            E2M1_BF16_PTX, "=r,=r,h", [packed], dtype=(tl.bfloat16, tl.bfloat16),
+            is_pure=True, pack=2,
         )
         factor = _per_byte(_e8m0_bf16(scale), ROWS, KB)
         return lo * factor, hi * factor
@@ -348,7 +339,7 @@ def _gemm_mxfp4_kernel(
     is_last = True
     if SPLIT_K > 1:
         acc, is_last = _split_k_reduce(
-            acc, partial_ptr, lock_ptr, tile_id, pid_k, BLOCK_M, BLOCK_N, SPLIT_K
+            acc, partial_ptr, lock_ptr, tile_id, pid_k, mask_m, BLOCK_M, BLOCK_N, SPLIT_K
         )
     if is_last:
         _store_tile(out_ptr, acc, offs_m, offs_n, M, N, stride_om, stride_on, EXACT_CASTS)
@@ -367,9 +358,9 @@ FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DOT_SCALED_TARGETS = ("gfx950",)
 
 
-# Triton's inline asm takes the elements of a thread 4 at a time (pack=4) and aborts the process
-# at compile time when a thread holds a count that 4 does not divide.
-PTX_PACK = 4
+# Triton's inline asm takes the elements of a thread 2 at a time (pack=2) and aborts the process
+# at compile time when a thread holds a count that 2 does not divide.
+PTX_PACK = 2
 
 
 def _use_dot_scaled(use_dot_scaled: bool | None, target: str) -> bool:
@@ -382,8 +373,8 @@ def _use_dot_scaled(use_dot_scaled: bool | None, target: str) -> bool:
 
 def _decode_ptx(device: torch.device, dot_scaled: bool, a_bf16: bool, cfg: dict) -> bool:
     """The inline-PTX e2m1 decode: CUDA only (not the interpreter, not ROCm), on the dequant path,
-    and only where every thread holds >= 4 bytes of each tile it decodes (the weight tile, and the
-    activation tile unless A16WFP4): power-of-two tiles then hold a multiple of 4."""
+    and only where every thread holds >= 2 bytes of each tile it decodes (the weight tile, and the
+    activation tile unless A16WFP4): power-of-two tiles then hold a multiple of 2."""
     if interpreting() or dot_scaled or device.type != "cuda" or torch.version.hip:
         return False
     rows = cfg["BLOCK_N"] if a_bf16 else min(cfg["BLOCK_M"], cfg["BLOCK_N"])

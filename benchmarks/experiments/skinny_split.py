@@ -1,0 +1,267 @@
+"""Skinny-M GEMMs (decode): how far more K splits and the cheaper MXFP4 decode move them.
+
+Times gemm_a16wfp4 / gemm_mxfp4 / gemm_fp8 (a8w8 rowwise) at M = 1 and 32 on the DeepSeek shapes
+of bench_gemm_fp8, each at its launch-table entry and over a grid of swapped tiles with SPLIT_K up
+to 32 (the sweeps of bench_gemm_* stop at 8), every configuration checked against the reference.
+`--old` runs the table entries with the code before this experiment's two changes, patched in
+before anything compiles: the split-K partials stored and summed whole (all BLOCK_M rows, not the
+rows below M) and the 4-byte (pack=4) inline-PTX decode.
+
+    PYTHONPATH=. python benchmarks/experiments/skinny_split.py --out $OUT          # ~5 min, H200
+    PYTHONPATH=. python benchmarks/experiments/skinny_split.py --old --out $OUT    # table only
+
+Compiles run first in worker processes (they fill Triton's cache); timings then run in this one.
+Rows go to skinny_split[_old].jsonl as they come (a run cut short keeps what it timed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from fxfuse.kernels import gemm_fp8, gemm_mxfp4
+from fxfuse.kernels.gemm_mxfp4 import _e2m1_value, _e8m0_bf16, _e8m0_value, _per_byte
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import bench_gemm_fp8 as fp8_bench  # noqa: E402
+import bench_gemm_mxfp4 as fp4_bench  # noqa: E402
+
+OLD_PTX = """
+{
+.reg .b32 m01, m23, s01, s23, l01, l23, h01, h23, lut;
+and.b32 m01, $4, 0x77777777;
+shr.u32 m23, m01, 16;
+shr.u32 s01, $4, 3;
+and.b32 s01, s01, 0x11111111;
+shr.u32 s23, s01, 16;
+mov.b32 lut, 0xC0800000;
+prmt.b32 l01, lut, 0xC0804000, m01;
+prmt.b32 l23, lut, 0xC0804000, m23;
+mov.b32 lut, 0x3F3F3F00;
+prmt.b32 h01, lut, 0x40404040, m01;
+prmt.b32 h23, lut, 0x40404040, m23;
+mov.b32 lut, 0x00008000;
+prmt.b32 s01, lut, 0, s01;
+prmt.b32 s23, lut, 0, s23;
+or.b32 h01, h01, s01;
+or.b32 h23, h23, s23;
+prmt.b32 $0, l01, h01, 0x6240;
+prmt.b32 $1, l23, h23, 0x6240;
+prmt.b32 $2, l01, h01, 0x7351;
+prmt.b32 $3, l23, h23, 0x7351;
+}
+"""
+OLD_PTX_C = tl.constexpr(OLD_PTX)
+
+
+@triton.jit
+def _old_split_k_reduce(
+    acc,
+    partial_ptr,
+    lock_ptr,
+    tile_id,
+    pid_k,
+    mask_m,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tile_ptr = partial_ptr + tile_id.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+    tl.store(tile_ptr + pid_k * (BLOCK_M * BLOCK_N) + offs, acc)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(lock_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
+    is_last = arrived == SPLIT_K - 1
+    if is_last:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            acc += tl.load(tile_ptr + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
+        tl.atomic_xchg(lock_ptr + tile_id, 0, sem="relaxed", scope="gpu")
+    return acc, is_last
+
+
+@triton.jit
+def _old_dequant_halves(
+    packed,
+    scale,
+    ROWS: tl.constexpr,
+    KB: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DECODE_PTX: tl.constexpr,
+):
+    if DECODE_PTX:
+        lo, hi = tl.inline_asm_elementwise(
+            OLD_PTX_C,
+            "=r,=r,=r,=r,r",
+            [packed],
+            dtype=(tl.bfloat16, tl.bfloat16),
+            is_pure=True,
+            pack=4,
+        )
+        factor = _per_byte(_e8m0_bf16(scale), ROWS, KB)
+        return lo * factor, hi * factor
+    else:
+        b = packed.to(tl.int32)
+        factor = _per_byte(_e8m0_value(scale), ROWS, KB)
+        lo = _e2m1_value(b & 0xF) * factor
+        hi = _e2m1_value(b >> 4) * factor
+        return lo.to(DOT_DTYPE), hi.to(DOT_DTYPE)
+
+
+def patch_old() -> None:
+    """The two kernels' helpers as they were before this experiment (see the module doc)."""
+    gemm_fp8._split_k_reduce = _old_split_k_reduce
+    gemm_mxfp4._split_k_reduce = _old_split_k_reduce
+    gemm_mxfp4._dequant_halves = _old_dequant_halves
+    gemm_mxfp4.PTX_PACK = 4
+
+
+CASES = ("a16wfp4", "afp4wfp4", "a8w8_rowwise")
+
+
+def grid(m: int) -> list[dict | None]:
+    """None (the table's entry) and swapped tiles with 8-32 K splits."""
+    configs: list[dict | None] = [None]
+    for bn, bk, split in itertools.product((64, 128), (128, 256), (8, 16, 32)):
+        configs.append(
+            {
+                "BLOCK_M": 16 if m <= 16 else 32,
+                "BLOCK_N": bn,
+                "BLOCK_K": bk,
+                "GROUP_M": 1,
+                "SPLIT_K": split,
+                "num_warps": 4,
+                "num_stages": 3 if bn * bk > 16384 else 4,
+                "SWAP_AB": 1,
+            }
+        )
+    return configs
+
+
+def _effective(case, m, n, k, config):
+    """The config as launched (split reduced to a divisor of the K tiles), to drop repeats."""
+    if config is None:
+        return None
+    from fxfuse.kernels.gemm_fp8 import split_k_plan
+
+    c = dict(config)
+    c["SPLIT_K"] = split_k_plan(k, c["BLOCK_K"], c["SPLIT_K"])[0]
+    return c
+
+
+def jobs(cases, m_values, old: bool):
+    seen = set()
+    for case in cases:
+        for n, k in fp8_bench.SHAPES:
+            for m in m_values:
+                for config in [None] if old else grid(m):
+                    eff = _effective(case, m, n, k, config)
+                    key = (case, m, n, k, json.dumps(eff, sort_keys=True))
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    yield case, m, n, k, config
+
+
+def _make(case, m, n, k, config, check):
+    maker = fp8_bench.make_case if case.startswith("a8w8") else fp4_bench.make_case
+    return maker(case, m, n, k, config, check=check)
+
+
+def _compile(job):
+    """Worker: one call of the configuration on one input set (fills Triton's cache)."""
+    old, (case, m, n, k, config) = job
+    if old:
+        patch_old()
+    fp8_bench.copies_for = lambda bytes_per_call: 1
+    try:
+        calls, _ = _make(case, m, n, k, config, check=False)
+        calls[0]()
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:  # noqa: BLE001 - configs the compiler rejects; timed phase skips them
+        return f"{case} m={m} n={n} k={k} {config}: {type(e).__name__}: {str(e)[:200]}"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="/tmp/fxfuse_results")
+    p.add_argument("--old", action="store_true")
+    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--m", default="1,32")
+    p.add_argument("--workers", type=int, default=12)
+    p.add_argument("--budget-s", type=float, default=480.0)
+    args = p.parse_args(argv)
+    t0 = time.time()
+    if args.old:
+        patch_old()
+    cases = args.cases.split(",")
+    m_values = [int(v) for v in args.m.split(",")]
+    todo = list(jobs(cases, m_values, args.old))
+    print(f"{len(todo)} configurations", flush=True)
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(args.workers) as pool:
+        for err in pool.imap_unordered(_compile, [(args.old, j) for j in todo]):
+            if err:
+                print("compile:", err, flush=True)
+    print(f"compiled in {time.time() - t0:.0f} s", flush=True)
+
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "skinny_split_old.jsonl" if args.old else "skinny_split.jsonl")
+    peers_done = set()
+    with open(path, "w") as f:
+        for case, m, n, k, config in todo:
+            if time.time() - t0 > args.budget_s:
+                print("budget spent; stopping", flush=True)
+                break
+            try:
+                calls, peers = _make(case, m, n, k, config, check=True)
+                us = fp8_bench.time_us(calls, use_graph=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"skip {case} m={m} n={n} k={k} {config}: {type(e).__name__}", flush=True)
+                continue
+            row = {
+                "case": case,
+                "m": m,
+                "n": n,
+                "k": k,
+                "config": _effective(case, m, n, k, config),
+                "us": round(us, 2),
+                "old": args.old,
+            }
+            if (case, m, n, k) not in peers_done:
+                peers_done.add((case, m, n, k))
+                row["peers_us"] = {
+                    name: round(fp8_bench.time_us(c, True), 2)
+                    for name, c in peers.items()
+                    if c is not None and name in ("bf16_linear", "scaled_mm")
+                }
+            del calls, peers
+            torch.cuda.empty_cache()
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            tag = (
+                "table"
+                if config is None
+                else (f"bn{config['BLOCK_N']} bk{config['BLOCK_K']} sk{row['config']['SPLIT_K']}")
+            )
+            print(
+                f"{case:13s} m={m:<3d} {n:>6d}x{k:<5d} {tag:22s} {us:8.2f} us "
+                f"{row.get('peers_us', '')}",
+                flush=True,
+            )
+    print(f"wrote {path} ({time.time() - t0:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
