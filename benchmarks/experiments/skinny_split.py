@@ -9,6 +9,8 @@ rows below M) and the 4-byte (pack=4) inline-PTX decode.
 
     PYTHONPATH=. python benchmarks/experiments/skinny_split.py --out $OUT          # ~5 min, H200
     PYTHONPATH=. python benchmarks/experiments/skinny_split.py --old --out $OUT    # table only
+    PYTHONPATH=. python benchmarks/experiments/skinny_split.py --confirm --out $OUT  # changed
+        # entries: the old entry against the table's, alternating, 4 rounds
 
 Compiles run first in worker processes (they fill Triton's cache); timings then run in this one.
 Rows go to skinny_split[_old].jsonl as they come (a run cut short keeps what it timed).
@@ -118,12 +120,14 @@ def _old_dequant_halves(
         return lo.to(DOT_DTYPE), hi.to(DOT_DTYPE)
 
 
-def patch_old() -> None:
-    """The two kernels' helpers as they were before this experiment (see the module doc)."""
-    gemm_fp8._split_k_reduce = _old_split_k_reduce
-    gemm_mxfp4._split_k_reduce = _old_split_k_reduce
+def patch_old(decode_only: bool = False) -> None:
+    """The two kernels' helpers as they were before this experiment (see the module doc);
+    decode_only: only the 4-byte decode (the masked split-K partials stay)."""
+    if not decode_only:
+        gemm_fp8._split_k_reduce = _old_split_k_reduce
+        gemm_mxfp4._split_k_reduce = _old_split_k_reduce
     gemm_mxfp4._dequant_halves = _old_dequant_halves
-    gemm_mxfp4.PTX_PACK = 4
+    gemm_mxfp4.PTX_PACK = {False: 4, True: 4}
 
 
 CASES = ("a16wfp4", "afp4wfp4", "a8w8_rowwise")
@@ -159,12 +163,12 @@ def _effective(case, m, n, k, config):
     return c
 
 
-def jobs(cases, m_values, old: bool):
+def jobs(cases, m_values, table_only: bool):
     seen = set()
     for case in cases:
         for n, k in fp8_bench.SHAPES:
             for m in m_values:
-                for config in [None] if old else grid(m):
+                for config in [None] if table_only else grid(m):
                     eff = _effective(case, m, n, k, config)
                     key = (case, m, n, k, json.dumps(eff, sort_keys=True))
                     if key in seen:
@@ -182,7 +186,7 @@ def _compile(job):
     """Worker: one call of the configuration on one input set (fills Triton's cache)."""
     old, (case, m, n, k, config) = job
     if old:
-        patch_old()
+        patch_old(decode_only=old == "decode")
     fp8_bench.copies_for = lambda bytes_per_call: 1
     try:
         calls, _ = _make(case, m, n, k, config, check=False)
@@ -193,6 +197,78 @@ def _compile(job):
         return f"{case} m={m} n={n} k={k} {config}: {type(e).__name__}: {str(e)[:200]}"
 
 
+# --confirm: the table entries this experiment changed, old entry against new, interleaved.
+CONFIRM = [
+    (
+        "a16wfp4",
+        1,
+        3072,
+        1536,
+        {
+            "BLOCK_M": 16,
+            "BLOCK_N": 64,
+            "BLOCK_K": 256,
+            "GROUP_M": 1,
+            "SPLIT_K": 2,
+            "num_warps": 4,
+            "num_stages": 4,
+            "SWAP_AB": 0,
+        },
+    ),
+    (
+        "afp4wfp4",
+        1,
+        3072,
+        1536,
+        {
+            "BLOCK_M": 16,
+            "BLOCK_N": 64,
+            "BLOCK_K": 256,
+            "GROUP_M": 1,
+            "SPLIT_K": 3,
+            "num_warps": 4,
+            "num_stages": 3,
+            "SWAP_AB": 1,
+        },
+    ),
+    (
+        "afp4wfp4",
+        32,
+        3072,
+        1536,
+        {
+            "BLOCK_M": 32,
+            "BLOCK_N": 64,
+            "BLOCK_K": 256,
+            "GROUP_M": 1,
+            "SPLIT_K": 3,
+            "num_warps": 4,
+            "num_stages": 3,
+            "SWAP_AB": 1,
+        },
+    ),
+]
+
+
+def confirm(out_dir: str, rounds: int = 4) -> None:
+    """Old entry (explicit config) against the table's current one (None), `rounds` times each,
+    alternating, every call checked against the reference."""
+    rows = []
+    for case, m, n, k, old in CONFIRM:
+        made = {
+            name: _make(case, m, n, k, cfg, check=True)[0]
+            for name, cfg in (("old_entry", old), ("table", None))
+        }
+        times = {name: [] for name in made}
+        for _ in range(rounds):
+            for name, calls in made.items():
+                times[name].append(round(fp8_bench.time_us(calls, use_graph=True), 2))
+        rows.append({"case": case, "m": m, "n": n, "k": k, "old_entry": old, "us": times})
+        print(case, m, n, k, times, flush=True)
+    with open(os.path.join(out_dir, "skinny_split_confirm.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="/tmp/fxfuse_results")
@@ -201,13 +277,22 @@ def main(argv=None) -> None:
     p.add_argument("--m", default="1,32")
     p.add_argument("--workers", type=int, default=12)
     p.add_argument("--budget-s", type=float, default=480.0)
+    p.add_argument("--confirm", action="store_true")
+    p.add_argument("--table-only", action="store_true", help="only the table entries (as --old)")
+    p.add_argument("--old-decode", action="store_true", help="--old for the decode only")
     args = p.parse_args(argv)
     t0 = time.time()
+    if args.confirm:
+        os.makedirs(args.out, exist_ok=True)
+        confirm(args.out)
+        return
+    if args.old_decode:
+        args.old = "decode"
     if args.old:
-        patch_old()
+        patch_old(decode_only=args.old == "decode")
     cases = args.cases.split(",")
     m_values = [int(v) for v in args.m.split(",")]
-    todo = list(jobs(cases, m_values, args.old))
+    todo = list(jobs(cases, m_values, args.old or args.table_only))
     print(f"{len(todo)} configurations", flush=True)
     ctx = mp.get_context("spawn")
     with ctx.Pool(args.workers) as pool:
@@ -217,7 +302,10 @@ def main(argv=None) -> None:
     print(f"compiled in {time.time() - t0:.0f} s", flush=True)
 
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "skinny_split_old.jsonl" if args.old else "skinny_split.jsonl")
+    name = {"decode": "skinny_split_old_decode", True: "skinny_split_old"}.get(
+        args.old, "skinny_split"
+    )
+    path = os.path.join(args.out, name + ".jsonl")
     peers_done = set()
     with open(path, "w") as f:
         for case, m, n, k, config in todo:

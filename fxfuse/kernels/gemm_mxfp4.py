@@ -26,14 +26,20 @@ for element (no join / reshape of the decoded values, no layout shuffle of bf16 
 activation, BLOCK_M/BLOCK_N the size of the weight tile, is the one split into even / odd columns.
 
 Decode (per weight element; the weight tile is what the program mostly does):
-- DECODE_PTX (CUDA): inline PTX turns one 16-bit register of 2 bytes into their 4 bf16 values with
-  byte permutes (`prmt`) used as 8-entry lookup tables: the low and the high byte of bf16(|e2m1|)
-  and the sign byte, then two permutes interleave them into the bf16x2 registers the MMA takes:
-  10 integer instructions per 4 values, no select, no float op. Triton hands a call 2 consecutive
-  elements of a thread (pack=2), so the launcher enables it only where each thread holds a
-  multiple of 2 bytes of every decoded tile. The e8m0 factor 2^(s−127) is then one packed bf16
-  multiply per 2 values (exact: a power of two times a 2-bit value; s = 0 is the bf16 subnormal
-  2^−127, 255 NaN).
+- DECODE_PTX (CUDA): inline PTX turns packed bytes into bf16 values with byte permutes (`prmt`)
+  used as 8-entry lookup tables: the low and the high byte of bf16(|e2m1|) and the sign byte, then
+  two permutes interleave them into the bf16x2 registers the MMA takes; no select, no float op.
+  DECODE_PTX is the bytes per call: 2 (a 16-bit register → 4 values, 10 integer instructions) or
+  4 (a 32-bit register → 8 values, 17). The MMA operand layout gives each thread its bytes in
+  pairs (16-bit shared-memory loads), so 4-byte calls first gather two pairs into a register
+  (~5 byte permutes per 4 bytes in the sm90 SASS compiled here). AFP4WFP4, which decodes both
+  operands, takes 2 (skinny M on an H100, benchmarks/experiments/skinny_split.py, old code →
+  this: 1-7 % faster with the masked split-K partials, 19 % at 24576x1536 M = 1, which has no
+  split); A16WFP4 keeps 4 (with 2, two of its table's tiles were 5-14 %
+  slower: 24576x1536 M = 1, 7168x2048 M = 32).
+  The launcher enables the decode only where each thread holds a multiple of that many bytes of
+  every decoded tile. The e8m0 factor 2^(s−127) is then one packed bf16 multiply per 2 values
+  (exact: a power of two times a 2-bit value; s = 0 is the bf16 subnormal 2^−127, 255 NaN).
 - otherwise (interpreter, ROCm): the 3 magnitude bits at fp32 bits 24..22 read as the e2m1 value
   times 2^−126 for every code (e = 0 lands on the fp32 subnormal 0.5·2^−126); one multiply by 2^126
   and one by the factor, in fp32 (a single multiply by 2^(s−1) would overflow for s ≥ 129).
@@ -84,18 +90,15 @@ from fxfuse.runtime.target import interpreting
 # fmt: off
 # (Kernel arguments stay grouped by role, as in the Triton tutorials.)
 
-# Two packed bytes e0, e1 (the 16-bit $2) → the bf16x2 register of their low nibbles ($0 = e0, e1)
-# and of their high nibbles ($1). `prmt d, a, b, c` picks each byte of d from the 8 bytes of
-# {b, a} by a 3-bit index in c's nibbles, an 8-entry table lookup:
+# `prmt d, a, b, c` picks each byte of d from the 8 bytes of {b, a} by a 3-bit index in c's
+# nibbles, an 8-entry table lookup. The tables:
 #   L = low bytes of bf16(0, .5, 1, 1.5, 2, 3, 4, 6): 00 00 80 C0 00 40 80 C0
 #   H = their high bytes:                              00 3F 3F 3F 40 40 40 40
 #   S = the sign byte of nibble bit 3 (0 or 1):         00 80
-# m = r & 0x7777 puts the magnitudes of [lo e0, hi e0, lo e1, hi e1] in the 4 index nibbles; the
-# last permutes pair each L byte with its H|S byte. Two bytes, not four, per call: the MMA operand
-# layout gives each thread its bytes in pairs (16-bit shared-memory loads), and gathering two pairs
-# into one 32-bit register cost ~5 byte permutes per 4 bytes in the sm90 SASS compiled here.
-# tests/kernels/test_gemm_mxfp4_kernel.py runs this string in a Python model of the PTX.
-E2M1_BF16_PTX_TEXT = """
+# Masking with 0x7777 puts the magnitudes of [lo e0, hi e0, lo e1, hi e1] in the 4 index nibbles;
+# the last permutes pair each L byte with its H|S byte.
+# Two bytes e0, e1 (the 16-bit $2) → bf16x2 of their low nibbles ($0) and of their high ones ($1).
+E2M1_BF16_PTX2_TEXT = """
 {
 .reg .b32 r, m, s, l, h;
 cvt.u32.u16 r, $2;
@@ -110,8 +113,38 @@ prmt.b32 $0, l, h, 0x6240;
 prmt.b32 $1, l, h, 0x7351;
 }
 """
+# Four bytes e0..e3 ($4) → the low nibbles' bf16x2 ($0 = e0, e1; $1 = e2, e3) and the high ones'
+# ($2, $3); the tables sit in `a` through a register (known-good PTX only ever has an immediate
+# as `b` or `c`).
+E2M1_BF16_PTX4_TEXT = """
+{
+.reg .b32 m01, m23, s01, s23, l01, l23, h01, h23, lut;
+and.b32 m01, $4, 0x77777777;
+shr.u32 m23, m01, 16;
+shr.u32 s01, $4, 3;
+and.b32 s01, s01, 0x11111111;
+shr.u32 s23, s01, 16;
+mov.b32 lut, 0xC0800000;
+prmt.b32 l01, lut, 0xC0804000, m01;
+prmt.b32 l23, lut, 0xC0804000, m23;
+mov.b32 lut, 0x3F3F3F00;
+prmt.b32 h01, lut, 0x40404040, m01;
+prmt.b32 h23, lut, 0x40404040, m23;
+mov.b32 lut, 0x00008000;
+prmt.b32 s01, lut, 0, s01;
+prmt.b32 s23, lut, 0, s23;
+or.b32 h01, h01, s01;
+or.b32 h23, h23, s23;
+prmt.b32 $0, l01, h01, 0x6240;
+prmt.b32 $1, l23, h23, 0x6240;
+prmt.b32 $2, l01, h01, 0x7351;
+prmt.b32 $3, l23, h23, 0x7351;
+}
+"""
+# tests/kernels/test_gemm_mxfp4_kernel.py runs both strings in a Python model of the PTX.
 # A kernel reads globals only as constexpr.
-E2M1_BF16_PTX = tl.constexpr(E2M1_BF16_PTX_TEXT)
+E2M1_BF16_PTX2 = tl.constexpr(E2M1_BF16_PTX2_TEXT)
+E2M1_BF16_PTX4 = tl.constexpr(E2M1_BF16_PTX4_TEXT)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,10 +192,16 @@ def _dequant_halves(packed, scale, ROWS: tl.constexpr, KB: tl.constexpr,
     """(ROWS, KB) packed bytes, (ROWS, KB/16) e8m0 bytes → the values of the low nibbles (even k)
     and of the high nibbles (odd k), (ROWS, KB) each in DOT_DTYPE."""
     if DECODE_PTX:
-        lo, hi = tl.inline_asm_elementwise(
-            E2M1_BF16_PTX, "=r,=r,h", [packed], dtype=(tl.bfloat16, tl.bfloat16),
-            is_pure=True, pack=2,
-        )
+        if DECODE_PTX == 2:
+            lo, hi = tl.inline_asm_elementwise(
+                E2M1_BF16_PTX2, "=r,=r,h", [packed], dtype=(tl.bfloat16, tl.bfloat16),
+                is_pure=True, pack=2,
+            )
+        else:
+            lo, hi = tl.inline_asm_elementwise(
+                E2M1_BF16_PTX4, "=r,=r,=r,=r,r", [packed], dtype=(tl.bfloat16, tl.bfloat16),
+                is_pure=True, pack=4,
+            )
         factor = _per_byte(_e8m0_bf16(scale), ROWS, KB)
         return lo * factor, hi * factor
     else:
@@ -358,9 +397,10 @@ FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DOT_SCALED_TARGETS = ("gfx950",)
 
 
-# Triton's inline asm takes the elements of a thread 2 at a time (pack=2) and aborts the process
-# at compile time when a thread holds a count that 2 does not divide.
-PTX_PACK = 2
+# Bytes per inline-PTX decode call (DECODE_PTX above): AFP4WFP4 (activation bytes), A16WFP4.
+# Triton's inline asm aborts the process at compile time when a thread holds a count of elements
+# that the pack does not divide.
+PTX_PACK = {False: 2, True: 4}
 
 
 def _use_dot_scaled(use_dot_scaled: bool | None, target: str) -> bool:
@@ -371,14 +411,16 @@ def _use_dot_scaled(use_dot_scaled: bool | None, target: str) -> bool:
     return target in DOT_SCALED_TARGETS if use_dot_scaled is None else bool(use_dot_scaled)
 
 
-def _decode_ptx(device: torch.device, dot_scaled: bool, a_bf16: bool, cfg: dict) -> bool:
-    """The inline-PTX e2m1 decode: CUDA only (not the interpreter, not ROCm), on the dequant path,
-    and only where every thread holds >= 2 bytes of each tile it decodes (the weight tile, and the
-    activation tile unless A16WFP4): power-of-two tiles then hold a multiple of 2."""
+def _decode_ptx(device: torch.device, dot_scaled: bool, a_bf16: bool, cfg: dict) -> int:
+    """Bytes per inline-PTX e2m1 decode call (0: no PTX): CUDA only (not the interpreter, not
+    ROCm), on the dequant path, PTX_PACK[a_bf16] where every thread holds at least that many
+    bytes of each tile it decodes (the weight tile, and the activation tile unless A16WFP4):
+    power-of-two tiles then hold a multiple of it."""
     if interpreting() or dot_scaled or device.type != "cuda" or torch.version.hip:
-        return False
+        return 0
+    pack = PTX_PACK[a_bf16]
     rows = cfg["BLOCK_N"] if a_bf16 else min(cfg["BLOCK_M"], cfg["BLOCK_N"])
-    return rows * (cfg["BLOCK_K"] // 2) >= PTX_PACK * 32 * cfg["num_warps"]
+    return pack if rows * (cfg["BLOCK_K"] // 2) >= pack * 32 * cfg["num_warps"] else 0
 
 
 def _check_preshuffled(w, w_scale, n: int, k: int) -> None:

@@ -17,7 +17,12 @@ import pytest
 import torch
 
 from fxfuse.kernels import formats
-from fxfuse.kernels.gemm_mxfp4 import E2M1_BF16_PTX_TEXT, gemm_a16wfp4, gemm_mxfp4
+from fxfuse.kernels.gemm_mxfp4 import (
+    E2M1_BF16_PTX2_TEXT,
+    E2M1_BF16_PTX4_TEXT,
+    gemm_a16wfp4,
+    gemm_mxfp4,
+)
 from fxfuse.kernels.gemm_ref import (
     gemm_a16wfp4_ref,
     gemm_mxfp4_ref,
@@ -157,10 +162,12 @@ def test_swapped_tiles(split_k):
     torch.testing.assert_close(pre, plain, rtol=1e-6, atol=1e-6)
 
 
-def _run_ptx(asm: str, halfword: int) -> list[int]:
-    """A Python model of the PTX subset the decode uses (and/shr/or .b32, cvt.u32.u16 and prmt's
-    default mode, immediates in any operand): run `asm` on the 16-bit input $2, return $0, $1."""
-    regs = {"$2": halfword}
+def _run_ptx(asm: str, word: int, nbytes: int) -> list[int]:
+    """A Python model of the PTX subset the decodes use (and/shr/or/mov .b32, cvt.u32.u16 and
+    prmt's default mode, immediates in any operand): run `asm` on its input register (nbytes 2:
+    the 16-bit $2; 4: $4) holding `word`, return its outputs ($0, $1 or $0..$3)."""
+    outputs = nbytes
+    regs = {f"${outputs}": word}
 
     def val(tok):
         return regs[tok] if tok in regs else int(tok, 0)
@@ -178,6 +185,8 @@ def _run_ptx(asm: str, halfword: int) -> list[int]:
             out = v[0] | v[1]
         elif op == "shr.u32":
             out = v[0] >> v[1]
+        elif op == "mov.b32":
+            out = v[0]
         elif op == "cvt.u32.u16":
             out = v[0] & 0xFFFF
         elif op == "prmt.b32":  # d.byte[i] = {b, a}.byte[c.nibble[i] & 7] (sign mode unused)
@@ -187,12 +196,14 @@ def _run_ptx(asm: str, halfword: int) -> list[int]:
         else:
             raise AssertionError(f"unmodelled instruction {op}")
         regs[dst] = out & 0xFFFFFFFF
-    return [regs["$0"], regs["$1"]]
+    return [regs[f"${i}"] for i in range(outputs)]
 
 
-def test_ptx_decode_model_gives_e2m1_as_bf16():
-    """Every byte value in both positions of the input register decodes to bf16(e2m1(code)) of
-    its low nibble in $0 and of its high nibble in $1 (the layout the kernel dots)."""
+@pytest.mark.parametrize("nbytes,asm", [(2, E2M1_BF16_PTX2_TEXT), (4, E2M1_BF16_PTX4_TEXT)])
+def test_ptx_decode_model_gives_e2m1_as_bf16(nbytes, asm):
+    """Every byte value in every position of the input register decodes to bf16(e2m1(code)) of
+    its low nibble in the first half of the outputs and of its high nibble in the second (bf16x2
+    registers, byte i in register i // 2, half i % 2: the layout the kernel dots)."""
     e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
     def bf16_bits(code):
@@ -200,11 +211,12 @@ def test_ptx_decode_model_gives_e2m1_as_bf16():
         return v.view(torch.int16).item() & 0xFFFF
 
     for byte in range(256):
-        for pos in range(2):
-            halfword = (byte << (8 * pos)) | (0x5A << (8 * (1 - pos)))  # a neighbour byte
-            lo_reg, hi_reg = _run_ptx(E2M1_BF16_PTX_TEXT, halfword)
-            lo = (lo_reg >> (16 * pos)) & 0xFFFF
-            hi = (hi_reg >> (16 * pos)) & 0xFFFF
+        for pos in range(nbytes):
+            word = (byte << (8 * pos)) | (0x5A << (8 * ((pos + 1) % nbytes)))  # a neighbour byte
+            regs = _run_ptx(asm, word, nbytes)
+            lo_regs, hi_regs = regs[: nbytes // 2], regs[nbytes // 2 :]
+            lo = (lo_regs[pos // 2] >> (16 * (pos % 2))) & 0xFFFF
+            hi = (hi_regs[pos // 2] >> (16 * (pos % 2))) & 0xFFFF
             assert lo == bf16_bits(byte & 0xF), (byte, pos, hex(lo))
             assert hi == bf16_bits(byte >> 4), (byte, pos, hex(hi))
 
@@ -340,8 +352,8 @@ def test_gpu_deepseek_shape(m, use_dot_scaled):
 @pytest.mark.parametrize("m", [1, 16, 64])
 @pytest.mark.parametrize("swap,bn,warps", [(0, 64, 4), (1, 64, 4), (1, 128, 4), (0, 32, 8)])
 def test_gpu_decode_and_swap_configs(m, swap, bn, warps):
-    """The inline-PTX decode (on where each thread holds >= 2 bytes of a tile) and swapped tiles,
-    at a DeepSeek shape, AFP4WFP4 and A16WFP4."""
+    """The inline-PTX decodes (2-byte calls for AFP4WFP4, 4-byte for A16WFP4, on where each
+    thread holds that many bytes of a tile) and swapped tiles, at a DeepSeek shape."""
     from fxfuse.kernels import gemm_mxfp4 as mod
 
     n, k = 2112, 7168
@@ -368,5 +380,7 @@ def test_gpu_decode_and_swap_configs(m, swap, bn, warps):
     ref_pre = gemm_a16wfp4_ref(x.cpu(), w, w_scale, "even", torch.float64, torch.float64)
     assert _rel(pre.cpu(), ref_pre) <= 1e-5
     cfg = mod.launch_config(mod.KERNEL_NAME, "sm90", m, n, k, config)
-    expect_ptx = mod._decode_ptx(x.device, False, True, cfg)
-    assert expect_ptx == (bn * 128 >= 2 * 32 * warps)
+    for a_bf16, pack in ((True, 4), (False, 2)):
+        rows = bn if a_bf16 else min(16, bn)
+        expect = pack if rows * 128 >= pack * 32 * warps else 0
+        assert mod._decode_ptx(x.device, False, a_bf16, cfg) == expect
