@@ -135,11 +135,12 @@ def sweep_candidates(m: int, k: int, base: dict) -> list[dict]:
              "SWAP_AB": 0, "num_warps": 4 if block_m < 128 else 8}
             for bn, bk, sk in itertools.product((32, 64), (256,), (1, 2, 4, 8))
         ]
-        # Swapped tiles: the weight rows fill the MMA's M (64 / 128), the tokens its N.
+        # Swapped tiles: the weight rows fill the MMA's M (64 / 128), the tokens its N. (Splits
+        # of 12-32 were slower than 6-8 everywhere: experiments/skinny_split.py, 2026-12-05.)
         grid += [
             {"BLOCK_M": min(block_m, 64), "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk,
              "num_stages": 3 if bn * bk > 16384 else 4, "SWAP_AB": 1, "num_warps": 4}
-            for bn, bk, sk in itertools.product((64, 128), (128, 256), (1, 2, 4, 8, 16, 32))
+            for bn, bk, sk in itertools.product((64, 128), (128, 256), (1, 2, 4, 8))
         ]
     else:
         grid = [
