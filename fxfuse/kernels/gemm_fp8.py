@@ -99,7 +99,7 @@ def _split_k_reduce(
     Only the tile's rows below M (mask_m) travel: a decode tile (M = 1 in a 16-row tile) writes
     and reads back 1/16 of the partial, which is what lets skinny GEMMs split K many ways."""
     offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    rows = mask_m[:, None] & (tl.arange(0, BLOCK_N)[None, :] < BLOCK_N)
+    rows = mask_m[:, None]  # broadcast over the tile's columns
     tile_ptr = partial_ptr + tile_id.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
     tl.store(tile_ptr + pid_k * (BLOCK_M * BLOCK_N) + offs, acc, mask=rows)
     # Every thread's store precedes the release by the one thread that bumps the counter.
