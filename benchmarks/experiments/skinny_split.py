@@ -3,17 +3,19 @@
 Times gemm_a16wfp4 / gemm_mxfp4 / gemm_fp8 (a8w8 rowwise) at M = 1 and 32 on the DeepSeek shapes
 of bench_gemm_fp8, each at its launch-table entry and over a grid of swapped tiles with SPLIT_K up
 to 32 (the sweeps of bench_gemm_* stop at 8), every configuration checked against the reference.
-`--old` runs the table entries with the code before this experiment's two changes, patched in
+`--old` runs the table entries with the kernels as they were before this experiment, patched in
 before anything compiles: the split-K partials stored and summed whole (all BLOCK_M rows, not the
-rows below M) and the 4-byte (pack=4) inline-PTX decode.
+rows below M) and the 4-byte inline-PTX decode in both MXFP4 GEMMs (`--old-decode`: only that).
 
-    PYTHONPATH=. python benchmarks/experiments/skinny_split.py --out $OUT          # ~5 min, H200
+    PYTHONPATH=. python benchmarks/experiments/skinny_split.py --out $OUT          # ~2 min, H100
     PYTHONPATH=. python benchmarks/experiments/skinny_split.py --old --out $OUT    # table only
-    PYTHONPATH=. python benchmarks/experiments/skinny_split.py --confirm --out $OUT  # changed
-        # entries: the old entry against the table's, alternating, 4 rounds
+    PYTHONPATH=. python benchmarks/experiments/skinny_split.py --table-only --out $OUT
+    PYTHONPATH=. python benchmarks/experiments/skinny_split.py --confirm --out $OUT  # 3 entries
+        # the grid once beat: their old entry against the table's, alternating, 4 rounds
 
 Compiles run first in worker processes (they fill Triton's cache); timings then run in this one.
-Rows go to skinny_split[_old].jsonl as they come (a run cut short keeps what it timed).
+Rows go to skinny_split[_old|_old_decode].jsonl as they come (a run cut short keeps what it
+timed). Results of 2026-12-05: benchmarks/results/skinny_split.json.
 """
 
 from __future__ import annotations
@@ -31,39 +33,11 @@ import triton
 import triton.language as tl
 
 from fxfuse.kernels import gemm_fp8, gemm_mxfp4
-from fxfuse.kernels.gemm_mxfp4 import _e2m1_value, _e8m0_bf16, _e8m0_value, _per_byte
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import bench_gemm_fp8 as fp8_bench  # noqa: E402
 import bench_gemm_mxfp4 as fp4_bench  # noqa: E402
-
-OLD_PTX = """
-{
-.reg .b32 m01, m23, s01, s23, l01, l23, h01, h23, lut;
-and.b32 m01, $4, 0x77777777;
-shr.u32 m23, m01, 16;
-shr.u32 s01, $4, 3;
-and.b32 s01, s01, 0x11111111;
-shr.u32 s23, s01, 16;
-mov.b32 lut, 0xC0800000;
-prmt.b32 l01, lut, 0xC0804000, m01;
-prmt.b32 l23, lut, 0xC0804000, m23;
-mov.b32 lut, 0x3F3F3F00;
-prmt.b32 h01, lut, 0x40404040, m01;
-prmt.b32 h23, lut, 0x40404040, m23;
-mov.b32 lut, 0x00008000;
-prmt.b32 s01, lut, 0, s01;
-prmt.b32 s23, lut, 0, s23;
-or.b32 h01, h01, s01;
-or.b32 h23, h23, s23;
-prmt.b32 $0, l01, h01, 0x6240;
-prmt.b32 $1, l23, h23, 0x6240;
-prmt.b32 $2, l01, h01, 0x7351;
-prmt.b32 $3, l23, h23, 0x7351;
-}
-"""
-OLD_PTX_C = tl.constexpr(OLD_PTX)
 
 
 @triton.jit
@@ -92,41 +66,13 @@ def _old_split_k_reduce(
     return acc, is_last
 
 
-@triton.jit
-def _old_dequant_halves(
-    packed,
-    scale,
-    ROWS: tl.constexpr,
-    KB: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    DECODE_PTX: tl.constexpr,
-):
-    if DECODE_PTX:
-        lo, hi = tl.inline_asm_elementwise(
-            OLD_PTX_C,
-            "=r,=r,=r,=r,r",
-            [packed],
-            dtype=(tl.bfloat16, tl.bfloat16),
-            is_pure=True,
-            pack=4,
-        )
-        factor = _per_byte(_e8m0_bf16(scale), ROWS, KB)
-        return lo * factor, hi * factor
-    else:
-        b = packed.to(tl.int32)
-        factor = _per_byte(_e8m0_value(scale), ROWS, KB)
-        lo = _e2m1_value(b & 0xF) * factor
-        hi = _e2m1_value(b >> 4) * factor
-        return lo.to(DOT_DTYPE), hi.to(DOT_DTYPE)
-
-
 def patch_old(decode_only: bool = False) -> None:
-    """The two kernels' helpers as they were before this experiment (see the module doc);
-    decode_only: only the 4-byte decode (the masked split-K partials stay)."""
+    """The kernels as they were before this experiment (see the module doc): the 4-byte decode
+    in both MXFP4 GEMMs (DECODE_PTX 4, still the kernel's A16WFP4 path) and, unless decode_only,
+    the whole-tile split-K partials."""
     if not decode_only:
         gemm_fp8._split_k_reduce = _old_split_k_reduce
         gemm_mxfp4._split_k_reduce = _old_split_k_reduce
-    gemm_mxfp4._dequant_halves = _old_dequant_halves
     gemm_mxfp4.PTX_PACK = {False: 4, True: 4}
 
 
