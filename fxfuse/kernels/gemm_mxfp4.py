@@ -35,11 +35,11 @@ Decode (per weight element; the weight tile is what the program mostly does):
   (~5 byte permutes per 4 bytes in the sm90 SASS compiled here). AFP4WFP4, which decodes both
   operands, takes 2 (skinny M on an H100, benchmarks/experiments/skinny_split.py, old code →
   this: 1-7 % faster with the masked split-K partials, 19 % at 24576x1536 M = 1, which has no
-  split); A16WFP4 keeps 4 (with 2, two of its table's tiles were 5-14 %
-  slower: 24576x1536 M = 1, 7168x2048 M = 32).
-  The launcher enables the decode only where each thread holds a multiple of that many bytes of
-  every decoded tile. The e8m0 factor 2^(s−127) is then one packed bf16 multiply per 2 values
-  (exact: a power of two times a 2-bit value; s = 0 is the bf16 subnormal 2^−127, 255 NaN).
+  split); A16WFP4 keeps 4 (with 2, two of its table's tiles were 5-14 % slower: 24576x1536
+  M = 1, 7168x2048 M = 32). The launcher enables the decode only where each thread holds a
+  multiple of that many bytes of every decoded tile. The e8m0 factor 2^(s−127) is then one
+  packed bf16 multiply per 2 values (exact: a power of two times a 2-bit value; s = 0 is the bf16
+  subnormal 2^−127, 255 NaN).
 - otherwise (interpreter, ROCm): the 3 magnitude bits at fp32 bits 24..22 read as the e2m1 value
   times 2^−126 for every code (e = 0 lands on the fp32 subnormal 0.5·2^−126); one multiply by 2^126
   and one by the factor, in fp32 (a single multiply by 2^(s−1) would overflow for s ≥ 129).
