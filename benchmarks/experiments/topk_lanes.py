@@ -22,13 +22,13 @@ count and the set of appended indices of sampled rows) before it is timed (CUDA 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 import triton
 import triton.language as tl
 import triton.testing
+from _rows import row_writer  # this folder: the script's own path entry
 
 from fxfuse.kernels.topk import _collect_segment, _ordered_key, _topk_sample_kernel
 
@@ -88,15 +88,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=256)
     args = parser.parse_args()
     dev = torch.device("cuda")
-    out_rows = []
-
-    def emit(row):
-        out_rows.append(row)
-        print(json.dumps(row), flush=True)
-        if args.out:
-            with open(args.out, "w") as f:
-                meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-                json.dump({**meta, "triton": triton.__version__, "rows": out_rows}, f, indent=1)
+    emit = row_writer(args.out, {"device": torch.cuda.get_device_name(),
+                                 "torch": torch.__version__, "triton": triton.__version__})
 
     rows, length, cap = args.rows, 131072, 8192
     torch.manual_seed(0)

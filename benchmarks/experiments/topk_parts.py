@@ -17,13 +17,13 @@ Each variant's result is checked against torch before it is timed.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 import triton
 import triton.language as tl
 import triton.testing
+from _rows import row_writer  # this folder: the script's own path entry
 
 from fxfuse.kernels.topk import _collect_segment, _ordered_key, _radix_edge, _select_candidates
 
@@ -221,14 +221,7 @@ def main() -> int:
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     dev = torch.device("cuda")
-    rows_out = []
-
-    def emit(row):
-        rows_out.append(row)
-        print(json.dumps(row), flush=True)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"device": torch.cuda.get_device_name(), "rows": rows_out}, f, indent=1)
+    emit = row_writer(args.out, {"device": torch.cuda.get_device_name()})
 
     # edge
     rows = 256

@@ -13,7 +13,6 @@ Every variant is checked exact against torch.topk's set (`topk_ref`) before it i
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -21,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 import triton.testing
+from _rows import row_writer  # this folder: the script's own path entry
 
 from fxfuse.kernels import topk
 
@@ -231,14 +231,7 @@ def main() -> int:
     args = parser.parse_args()
     dev = torch.device("cuda")
     t0 = time.time()
-    results = {"device": torch.cuda.get_device_name(), "rows": []}
-
-    def emit(row):
-        results["rows"].append(row)
-        print(json.dumps(row), flush=True)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(results, f, indent=1)
+    emit = row_writer(args.out, {"device": torch.cuda.get_device_name()})
 
     if args.suite in ("tile", "select"):
         if args.suite == "tile":
