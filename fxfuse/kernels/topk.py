@@ -768,6 +768,66 @@ def _select_candidates(
 
 
 @triton.jit
+def _key_float(key):
+    """The fp32 whose `_ordered_key` is key (a NaN for keys above +inf's)."""
+    bits = tl.where(key >= 0x80000000, key ^ 0x80000000, key ^ 0xFFFFFFFF)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _popcount(v):
+    """Set bits of each uint32."""
+    v = v - ((v >> 1) & 0x55555555)
+    v = (v & 0x33333333) + ((v >> 2) & 0x33333333)
+    v = (v + (v >> 4)) & 0x0F0F0F0F
+    return ((v * 0x01010101) >> 24).to(tl.int32)
+
+
+@triton.jit
+def _stream_columns(
+    scores_ptr, row_off, stride_sl, n_seg, lo_f, take_all, offs0, rows,
+    MASKED: tl.constexpr, COLLECT: tl.constexpr, GROUP_MAX: tl.constexpr, BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr, ROWS: tl.constexpr,
+):
+    """The streaming loop of `_collect_segment`: per column the candidate bit mask and the fp32
+    group maximum (-inf if none; NaN scores are skipped: they rank as -inf). MASKED: n_seg is
+    not a whole number of chunks (the loads are masked; else none is and, with a unit stride,
+    they are vectorized). The next chunk's load is issued before the current one is processed;
+    unmasked, the last step reloads the last chunk (an L1 / L2 hit) instead of reading past the
+    segment."""
+    gmax = tl.full((BLOCK,), float("-inf"), tl.float32)
+    found = tl.zeros((BLOCK,), tl.uint32)  # bit c·ROWS + r: [r, j] of chunk c is a candidate
+    if MASKED:
+        x_next = tl.load(scores_ptr + row_off + offs0 * stride_sl, mask=offs0 < n_seg,
+                         other=float("-inf"))  # fmt: skip
+    else:
+        x_next = tl.load(scores_ptr + row_off + offs0 * stride_sl)
+    last = n_seg - CHUNK  # unmasked: the last chunk's first score
+    start = 0
+    shift = 0
+    while start < n_seg:
+        x = x_next.to(tl.float32)
+        if MASKED:
+            offs_next = start + CHUNK + offs0
+            x_next = tl.load(scores_ptr + row_off + offs_next * stride_sl, mask=offs_next < n_seg,
+                             other=float("-inf"))  # fmt: skip
+        else:
+            nxt = tl.multiple_of(tl.minimum(start + CHUNK, last), CHUNK)
+            x_next = tl.load(scores_ptr + row_off + (nxt + offs0) * stride_sl)
+        if GROUP_MAX:
+            gmax = tl.maximum(gmax, tl.max(x, 0))
+        if COLLECT:
+            cand = (x >= lo_f) | take_all
+            if MASKED:
+                cand = cand & ((start + offs0) < n_seg)
+            bit = tl.full((ROWS, 1), 1, tl.uint32) << (shift + rows[:, None]).to(tl.uint32)
+            found |= tl.sum(tl.where(cand, bit, 0), 0)  # distinct bits
+        start += CHUNK
+        shift += ROWS
+    return found, gmax
+
+
+@triton.jit
 def _collect_segment(
     scores_ptr, row_off, stride_sl, n_seg, seg_start, lo, keys_ptr, idx_ptr, area, count_ptr,
     gmax_ptr, gmax_at,
@@ -781,43 +841,41 @@ def _collect_segment(
 
     A chunk is a (ROWS, BLOCK) tile, score j + r·BLOCK at [r, j], and a thread keeps its columns
     along axis 0. While streaming nothing crosses threads and nothing is stored: each column
-    keeps a bit mask of its candidates (bit c·ROWS + r) and their count in registers. After the
-    segment, one scan of the columns' counts and one atomic place every column's run in the
-    row's area, and the columns walk their masks lowest bit first (the bit's position from the
-    exponent of its float value), reloading those few scores (just streamed, so mostly from L2).
-    At 256 x 128K this append costs ~70 us over the 41 us stream; per-chunk scans, reductions
-    and atomics cost 106-221 us, queues in memory ~75 (benchmarks/experiments/topk_lanes.py)."""
+    keeps a bit mask of its candidates (bit c·ROWS + r) and its fp32 maximum in registers. The
+    test is on floats, key(x) >= lo as x >= the float of lo (IEEE order is the keys' order for
+    non-NaN scores, -0.0 == +0.0 included; a NaN compares false and ranks as -inf, below any
+    lo > key(-inf); lo <= key(-inf) takes every score), so a score costs a compare, a select,
+    an or and a max. After the segment, one scan of the columns' counts (their masks' popcounts)
+    and one atomic place every column's run in the row's area, and the columns walk their masks
+    lowest bit first (the bit's position from the exponent of its float value), reloading those
+    few scores (just streamed, so mostly from L2). Full segments stream unmasked
+    (`_stream_columns`). Per-chunk scans, reductions and atomics cost 106-221 us at 256 x 128K,
+    queues in memory ~75 over the stream (benchmarks/experiments/topk_lanes.py)."""
     CHUNK: tl.constexpr = ROWS * BLOCK
-    cols = tl.arange(0, BLOCK)
     rows = tl.arange(0, ROWS)
-    offs0 = rows[:, None] * BLOCK + cols[None, :]
-    gmax = tl.zeros((BLOCK,), tl.uint32)
-    found = tl.zeros((BLOCK,), tl.uint32)  # bit c·ROWS + r: [r, j] of chunk c is a candidate
-    count = tl.zeros((BLOCK,), tl.int32)
-    x_next = tl.load(scores_ptr + row_off + offs0 * stride_sl, mask=offs0 < n_seg, other=0.0)
-    start = 0
-    shift = 0
-    while start < n_seg:
-        offs = start + offs0
-        valid = offs < n_seg
-        x = x_next
-        # Issue the next chunk's load before this chunk's work: it overlaps it.
-        offs_next = offs + CHUNK
-        x_next = tl.load(
-            scores_ptr + row_off + offs_next * stride_sl, mask=offs_next < n_seg, other=0.0
-        )
-        key = _ordered_key(x, valid)
-        if GROUP_MAX:
-            gmax = tl.maximum(gmax, tl.max(key, 0))
-        if COLLECT:
-            cand = (valid & (key >= lo)).to(tl.uint32)
-            found |= tl.sum(cand << (shift + rows[:, None]).to(tl.uint32), 0)  # distinct bits
-            count += tl.sum(cand.to(tl.int32), 0)
-        start += CHUNK
-        shift += ROWS
+    offs0 = rows[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    # The column indices in the layout of the column reductions (found, gmax): the walk's
+    # vectors then share one layout, with no conversion through shared memory.
+    cols = tl.min(offs0, 0)
+    lo_u = lo.to(tl.uint32)
+    lo_f = _key_float(lo_u)
+    take_all = lo_u <= NEG_INF_KEY
+    if n_seg % CHUNK == 0:
+        found, gmax = _stream_columns(
+            scores_ptr, row_off, stride_sl, n_seg, lo_f, take_all, offs0, rows,
+            False, COLLECT, GROUP_MAX, BLOCK, CHUNK, ROWS,
+        )  # fmt: skip
+    else:
+        found, gmax = _stream_columns(
+            scores_ptr, row_off, stride_sl, n_seg, lo_f, take_all, offs0, rows,
+            True, COLLECT, GROUP_MAX, BLOCK, CHUNK, ROWS,
+        )  # fmt: skip
     if GROUP_MAX:
-        tl.store(gmax_ptr + gmax_at + cols, gmax.to(tl.int32, bitcast=True))
+        # The groups' maxima as keys; an empty group (its column past n_seg) 0.
+        gkey = _ordered_key(gmax, cols < n_seg)
+        tl.store(gmax_ptr + gmax_at + cols, gkey.to(tl.int32, bitcast=True))
     if COLLECT:
+        count = _popcount(found)
         n_cand = tl.sum(count, 0)
         if n_cand > 0:
             base = tl.atomic_add(count_ptr, n_cand, sem="relaxed")
@@ -923,8 +981,8 @@ def _topk_sample_kernel(
         tl.store(state_ptr + row64 * STATE_WORDS + ST_ESTIMATE, edge.to(tl.int32, bitcast=True))
 
 
-# stride_sl unspecialized: see _collect_segment.
-@triton.jit(do_not_specialize=["length", "pt_cols", "row_base", "idx_bits", "stride_sl"])
+# stride_sl specialized: a unit stride makes `_collect_segment`'s unmasked loads 16-byte vectors.
+@triton.jit(do_not_specialize=["length", "pt_cols", "row_base", "idx_bits"])
 def _topk_multi_kernel(
     # pointers
     scores_ptr, lengths_ptr, starts_ptr, row_to_batch_ptr, page_table_ptr, out_ptr, state_ptr,
@@ -1054,10 +1112,11 @@ MULTI_FIELDS = (
 )  # fmt: skip
 TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # Not in the table: chosen per call (SEGMENTS > 1 splits each row over that many programs;
-# MULTI_ESTIMATE 0 skips the sample estimate, every long row then takes MULTI_RETRY).
+# MULTI_ESTIMATE 0 skips the sample estimate, every long row then takes MULTI_RETRY;
+# MULTI_MAXNREG > 0 caps the multi-program kernel's registers per thread, as Triton's maxnreg).
 # TILE_SELECT: the descent of the register-tile selects and of the multi path's sample
 # estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT).
-OVERRIDE_FIELDS = (*TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT")
+OVERRIDE_FIELDS = (*TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT", "MULTI_MAXNREG")
 PATHS = ("auto", "row", "multi")
 PATH_ENV = "FXFUSE_TOPK_PATH"
 # A segment's column holds MULTI_ROWS x MULTI_CHUNKS scores, tracked as one uint32 bit mask.
@@ -1123,6 +1182,7 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     resolved["SEGMENTS"] = 0  # 0: decided by _num_segments
     resolved["MULTI_ESTIMATE"] = 1
     resolved["TILE_SELECT"] = DEFAULT_TILE_SELECT
+    resolved["MULTI_MAXNREG"] = 0
     if config:
         unknown = sorted(set(config) - set(OVERRIDE_FIELDS))
         if unknown:
@@ -1159,6 +1219,8 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     check("MULTI_SAMPLE", lambda v: v >= 2 * SAMPLE_SECTOR.value and pow2(v),
           f"a power of 2 >= {2 * SAMPLE_SECTOR.value}")  # fmt: skip
     check("MULTI_ESTIMATE", lambda v: v in (0, 1), "0 or 1")
+    check("MULTI_MAXNREG", lambda v: v == 0 or 24 <= v <= 255,
+          "0 (the compiler's choice) or in 24..255")  # fmt: skip
     check("TILE_SELECT", lambda v: v in (SELECT_RADIX.value, SELECT_BISECT.value),
           f"{SELECT_RADIX.value} (radix) or {SELECT_BISECT.value} (bisect)")  # fmt: skip
     return resolved
@@ -1332,6 +1394,7 @@ def _multi_plan(cfg: dict, rows: int, length: int, k: int) -> dict:
         "segments": segments, "area": area, "gmax_row": gmax_row, "group": group,
         "sample": cfg["MULTI_SAMPLE"], "warps": cfg["MULTI_WARPS"],
         "estimate": cfg["MULTI_ESTIMATE"],
+        "launch": {"maxnreg": cfg["MULTI_MAXNREG"]} if cfg["MULTI_MAXNREG"] else {},
     }  # fmt: skip
 
 
@@ -1384,6 +1447,7 @@ def _launch_multi(
                 ROWS=plan["rows"], BLOCK=plan["block"], CHUNKS=plan["chunks"], CAP=plan["cap"],
                 AREA=plan["area"], K_PAD=plan["k_pad"], FB_BLOCK=FALLBACK_BLOCK.value,
                 RADIX_BITS=SELECT_BITS.value, SELECT=cfg["TILE_SELECT"], num_warps=plan["warps"],
+                **plan["launch"],
             )  # fmt: skip
     return state.view(rows, STATE_WORDS.value)
 

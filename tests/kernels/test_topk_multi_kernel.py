@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from fxfuse.kernels import topk, topk_ref
 
@@ -205,6 +207,36 @@ def test_row_starts_pad_and_odd_strides(geometry):
         out, _ = _indices(scores, 24, lengths, starts, pad=400, config=config)
         _check(scores, 24, out, lengths, starts, pad=400)
     assert (out[3] == 400).all() and ((out[2] >= 0) & (out[2] < 30)).all()
+
+
+@triton.jit
+def _float_test_kernel(x_ptr, lo_ptr, out_ptr, N: tl.constexpr, L: tl.constexpr):
+    x = tl.load(x_ptr + tl.arange(0, N))
+    lo = tl.load(lo_ptr + tl.arange(0, L)).to(tl.uint32, bitcast=True)
+    lo_f = topk._key_float(lo)
+    cand = (x[None, :] >= lo_f[:, None]) | (lo <= topk.NEG_INF_KEY)[:, None]
+    offs = tl.arange(0, L)[:, None] * N + tl.arange(0, N)[None, :]
+    tl.store(out_ptr + offs, cand.to(tl.int8))
+
+
+def test_float_candidate_test_is_the_key_order():
+    # `_collect_segment` tests x >= float(lo) (or lo <= key(-inf)) instead of key(x) >= lo: the
+    # same answer for every score (signed zeros, infinities, NaN, subnormals) and every edge key.
+    x = torch.tensor(
+        [0.0, -0.0, 1e-45, -1e-45, 1.0, -1.0, 3.4e38, -3.4e38, float("inf"), float("-inf"),
+         float("nan"), -float("nan"), 2.5, -2.5, 1e-40, -1e-40]
+    )  # fmt: skip
+    keys = topk_ref.score_keys_ref(x)
+    edges = {0, 1, 0x007FFFFE, 0x007FFFFF, 0x00800000, 0x7FFFFFFE, 0x7FFFFFFF, 0x80000000,
+             0x80000001, 0xFF7FFFFF, 0xFF800000, 0xFF800001, 0xFFFFFFFE, 0xFFFFFFFF}  # fmt: skip
+    edges |= {int(k) + d for k in keys for d in (-1, 0, 1) if 0 <= int(k) + d < 2**32}
+    lo = torch.tensor(sorted(edges), dtype=torch.int64)
+    lo = torch.cat([lo, lo[-1:].expand(64 - lo.numel())])  # 64 rows for the kernel
+    lo32 = torch.where(lo >= 2**31, lo - 2**32, lo).to(torch.int32)
+    out = torch.empty((64, 16), dtype=torch.int8)
+    _float_test_kernel[(1,)](x, lo32, out, N=16, L=64)
+    want = keys[None, :] >= lo[:, None]
+    assert torch.equal(out.bool(), want)
 
 
 def test_full_column_masks():
