@@ -754,12 +754,13 @@ def _select_candidates(
     keys_ptr, idx_ptr, src, m, k, dst, idx_bits, CAP: tl.constexpr, RADIX_BITS: tl.constexpr,
     SELECT: tl.constexpr,
 ):
-    """Exactly the top k of the k <= m <= CAP candidate pairs at src (stored by other programs),
-    lower index first among equal keys, into dst .. dst + k - 1 (any order)."""
+    """Exactly the top k of the k <= m <= CAP candidates at src (stored by other programs: fp32
+    score bits and indices, `_collect_segment`), lower index first among equal keys, into
+    dst .. dst + k - 1 as (key, index) pairs (any order)."""
     offs = tl.arange(0, CAP)
     valid = offs < m
-    key = tl.load(keys_ptr + src + offs, mask=valid, other=0, cache_modifier=".cg")
-    key = key.to(tl.uint32, bitcast=True)
+    bits = tl.load(keys_ptr + src + offs, mask=valid, other=0, cache_modifier=".cg")
+    key = _ordered_key(bits.to(tl.float32, bitcast=True), valid)
     idx = tl.load(idx_ptr + src + offs, mask=valid, other=0, cache_modifier=".cg")
     take = _take_top(key, idx, valid, m, k, idx_bits, RADIX_BITS, SELECT)
     pos = dst + tl.cumsum(take.to(tl.int32), 0) - 1
@@ -846,7 +847,8 @@ def _collect_segment(
     non-NaN scores, -0.0 == +0.0 included; a NaN compares false and ranks as -inf, below any
     lo > key(-inf); lo <= key(-inf) takes every score), so a score costs a compare, a select,
     an or and a max. After the segment, one scan of the columns' counts (their masks' popcounts)
-    and one atomic place every column's run in the row's area, and the columns walk their masks
+    and one atomic place every column's run in the row's area (fp32 score bits and indices),
+    and the columns walk their masks
     lowest bit first (the bit's position from the exponent of its float value), reloading those
     few scores (just streamed, so mostly from L2). Full segments stream unmasked
     (`_stream_columns`). Per-chunk scans, reductions and atomics cost 106-221 us at 256 x 128K,
@@ -890,7 +892,8 @@ def _collect_segment(
                 offs = (bit // ROWS) * CHUNK + (bit % ROWS) * BLOCK + cols
                 x = tl.load(scores_ptr + row_off + offs * stride_sl, mask=live, other=0.0)
                 ok = live & (pos < CAP)
-                tl.store(keys_ptr + area + pos, _ordered_key(x, live).to(tl.int32, bitcast=True),
+                # The score's fp32 bits: `_select_candidates` makes the keys.
+                tl.store(keys_ptr + area + pos, x.to(tl.float32).to(tl.int32, bitcast=True),
                          mask=ok)  # fmt: skip
                 tl.store(idx_ptr + area + pos, seg_start + offs, mask=ok)
                 found ^= low
