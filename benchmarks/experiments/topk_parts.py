@@ -72,7 +72,7 @@ def _select_kernel(
 ):
     row = tl.program_id(0)
     _select_candidates(
-        keys_ptr, idx_ptr, row * AREA, m, k, row * AREA + CAP, idx_bits, CAP, RADIX_BITS,
+        keys_ptr, idx_ptr, row * AREA, m, k, row * AREA + CAP, idx_bits, 0, CAP, RADIX_BITS,
         0,  # SELECT_RADIX: the select these 2026-12-03 figures measured
     )
 
@@ -265,9 +265,8 @@ def main() -> int:
     for m, k in () if "select" not in parts else ((3072, 2048), (768, 512)):
         cap, area = 4096, 4096 + 2048
         x = torch.randn(rows, m, device=dev)
-        keys64 = ordered_keys(x)
         keys = torch.zeros(rows, area, dtype=torch.int32, device=dev)
-        keys[:, :m] = (keys64 - (keys64 >= 2**31).long() * 2**32).to(torch.int32)
+        keys[:, :m] = x.view(torch.int32)  # the candidates' fp32 bits, as _collect_segment stores
         idx = torch.zeros(rows, area, dtype=torch.int32, device=dev)
         idx[:, :m] = torch.arange(m, device=dev, dtype=torch.int32)
         want = x.topk(k, dim=1).indices.sort(1).values

@@ -80,6 +80,26 @@ def test_estimate_branch(dtype, sorted):
     assert torch.equal(ours, values.topk(24, dim=1).values)
 
 
+@pytest.mark.parametrize("sorted", [False, True])
+def test_finishing_select_from_the_estimate(sorted):
+    # The finishing select starts its bisection below the bits the estimate (every candidate's
+    # floor) shares with the largest candidate: rows where they share all 32 (every candidate
+    # ties at the estimate), the sign bit only, or a few exponent bits.
+    scores = -torch.rand(4, 300) - 1.0
+    scores[0, 7::7] = 5.0  # 42 candidates, all equal to the exact estimate: the tie path
+    scores[1, ::5] = torch.linspace(-0.5, 8.0, 60)  # candidates across the sign bit
+    scores[2, ::5] = torch.linspace(2.0, 3.9, 60)  # one exponent, mantissa bits differ
+    scores[3, 200:240] = 1.5  # ties at the k-th key below a few larger ones
+    scores[3, 250:260] = 2.5
+    for config in (WHOLE_SAMPLE, MULTI):  # the exact k-th key, a sampled estimate below it
+        out, state = _indices(scores, 24, sorted=sorted, config=config)
+        _check(scores, 24, out, sorted=sorted)
+        counts = torch.where(_retried(state), _retry_count(state), state[:, topk.ST_COUNT.value])
+        assert (counts >= 24).all() and (counts <= CAP).all()  # each row took the select
+        if config is MULTI:
+            assert (counts > 24).all()  # more candidates than k: the bisection ran
+
+
 @GEOMETRIES
 @pytest.mark.parametrize("sorted", [False, True])
 def test_sampled_estimate_and_retry(sorted, geometry):
