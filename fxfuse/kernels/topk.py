@@ -475,11 +475,11 @@ def _tile_row(
         read = offs < n_load
         if n_load >= k:
             take = _take_top(tl.where(read, key, 0), offs, read, n_load, k, T_BITS, 0,
-                             RADIX_BITS, SELECT)  # fmt: skip
+                             RADIX_BITS, SELECT, False)  # fmt: skip
         else:
             take = valid & (offs < k)
     else:
-        take = _take_top(key, offs, valid, n, k, T_BITS, 0, RADIX_BITS, SELECT)
+        take = _take_top(key, offs, valid, n, k, T_BITS, 0, RADIX_BITS, SELECT, False)
     if EPILOGUE == EPI_MASK:
         # The mask row written once, densely: selected or masked per column (no _finish).
         _mask_columns(out_ptr, row64, stride_or, offs, take, length, MASK_REPEAT, MASK_FILL,
@@ -691,7 +691,37 @@ def _radix_edge_global(keys_ptr, base, count, need, BLOCK: tl.constexpr,
 
 
 @triton.jit
-def _bisect_edge(v, count, need, top_bit, low_bit, t0):
+def _bisect_bit(v, t, c, b, need):
+    """One step of `_bisect_edge`: bit b of the edge."""
+    trial = t | (tl.full((), 1, tl.uint32) << b.to(tl.uint32))
+    cnt = tl.sum((v >= trial).to(tl.int32), 0)
+    return tl.where(cnt >= need, trial, t), tl.where(cnt >= need, cnt, c)
+
+
+@triton.jit
+def _bisect_pair(v, t, c, b, need):
+    """Two steps of `_bisect_edge` in one pass: bits b and b - 1 of the edge, from the counts of
+    the three trials packed in one int64 sum (21 bits each)."""
+    one = tl.full((), 1, tl.uint32)
+    t_lo = t | (one << (b - 1).to(tl.uint32))
+    t_hi = t | (one << b.to(tl.uint32))
+    t_both = t_hi | t_lo
+    packed = ((v >= t_lo).to(tl.int64) + ((v >= t_hi).to(tl.int64) << 21)
+              + ((v >= t_both).to(tl.int64) << 42))  # fmt: skip
+    total = tl.sum(packed, 0)
+    c_lo = (total & 0x1FFFFF).to(tl.int32)
+    c_hi = ((total >> 21) & 0x1FFFFF).to(tl.int32)
+    c_both = (total >> 42).to(tl.int32)
+    # The largest trial that keeps >= need (the counts fall as the trials rise).
+    t_new = tl.where(c_lo >= need, t_lo, t)
+    c_new = tl.where(c_lo >= need, c_lo, c)
+    t_new = tl.where(c_hi >= need, t_hi, t_new)
+    c_new = tl.where(c_hi >= need, c_hi, c_new)
+    return tl.where(c_both >= need, t_both, t_new), tl.where(c_both >= need, c_both, c_new)
+
+
+@triton.jit
+def _bisect_edge(v, count, need, top_bit, low_bit, t0, PAIRS: tl.constexpr):
     """(t, c): the largest uint32 t with c = #(v >= t) >= need, for a tile v that is 0 wherever
     an element does not take part and `count` >= need elements that do (a 0 among them ranks
     last: every trial is >= 1). t0: the bits above top_bit that every taking part v has (t0's
@@ -700,29 +730,37 @@ def _bisect_edge(v, count, need, top_bit, low_bit, t0):
     `need`. Otherwise (bits down to 0 resolved, c > need) t is the need-th largest value and it
     is tied; with low_bit > 0, t is that value with its bits below low_bit cleared (a lower
     edge: still c >= need). A compare and an add per element and bit: no histogram, so no
-    shared-memory atomics piling onto a few bins."""
+    shared-memory atomics piling onto a few bins. PAIRS: two bits per pass where two are left,
+    the counts of the three trials packed in one int64 sum (21 bits each: tiles < 2**21), so a
+    wide program waits on half as many block reductions."""
     t = tl.full((), 0, tl.uint32) + t0
     c = tl.full((), 0, tl.int32) + count
     b = tl.full((), 0, tl.int32) + top_bit
     while (b >= low_bit) & (c != need):
-        trial = t | (tl.full((), 1, tl.uint32) << b.to(tl.uint32))
-        cnt = tl.sum((v >= trial).to(tl.int32), 0)
-        t = tl.where(cnt >= need, trial, t)
-        c = tl.where(cnt >= need, cnt, c)
-        b -= 1
+        if PAIRS:
+            if b > low_bit:
+                t, c = _bisect_pair(v, t, c, b, need)
+                b -= 2
+            else:
+                t, c = _bisect_bit(v, t, c, b, need)
+                b -= 1
+        else:
+            t, c = _bisect_bit(v, t, c, b, need)
+            b -= 1
     return t, c
 
 
 @triton.jit
 def _take_top(
-    key, idx, valid, m, k, idx_bits, floor, RADIX_BITS: tl.constexpr, SELECT: tl.constexpr
+    key, idx, valid, m, k, idx_bits, floor, RADIX_BITS: tl.constexpr, SELECT: tl.constexpr,
+    PAIRS: tl.constexpr,
 ):
     """Mask of exactly the top min(k, m) of the m present (valid) pairs of a register tile,
     lower index first among equal keys (indices distinct, < 2**idx_bits). SELECT: the descent,
     SELECT_BISECT (counting per bit) or SELECT_RADIX (histograms of RADIX_BITS digits).
     floor: a key <= every valid key (0: none known); the bisection then starts below the bits
     that floor and the largest key share (the multi path's candidates all reach its estimate:
-    ~8 fewer counts for a Gaussian row's top 1.5 %)."""
+    ~8 fewer counts for a Gaussian row's top 1.5 %). PAIRS: see `_bisect_edge`."""
     take = valid
     if m > k:
         if SELECT == SELECT_BISECT:
@@ -741,7 +779,7 @@ def _take_top(
                 keep = (ones << tl.maximum(high, 0).to(tl.uint32)) << 1
                 t0 = tl.where(high >= 0, kmax & keep, kmax)
                 top = tl.maximum(high, -1)
-            t, c = _bisect_edge(key, m, k, top, 0, t0)
+            t, c = _bisect_edge(key, m, k, top, 0, t0, PAIRS)
             take = valid & (key >= t)
             if c != k:
                 # The k-th key t is tied: all keys above it, then its `need` lowest indices
@@ -751,7 +789,7 @@ def _take_top(
                 need = k - tl.sum(above.to(tl.int32), 0)
                 rank = (idx ^ ((1 << idx_bits) - 1)).to(tl.uint32)
                 r_t, _ = _bisect_edge(tl.where(tie, rank, 0), c - (k - need), need,
-                                      idx_bits - 1, 0, 0)  # fmt: skip
+                                      idx_bits - 1, 0, 0, PAIRS)  # fmt: skip
                 take = above | (tie & (rank >= r_t))
         else:
             prefix, s, need, in_bin = _radix_edge(key, valid, k, 32, RADIX_BITS)
@@ -771,7 +809,7 @@ def _take_top(
 @triton.jit
 def _select_candidates(
     keys_ptr, idx_ptr, src, m, k, dst, idx_bits, lo, CAP: tl.constexpr,
-    RADIX_BITS: tl.constexpr, SELECT: tl.constexpr,
+    RADIX_BITS: tl.constexpr, SELECT: tl.constexpr, PAIRS: tl.constexpr,
 ):
     """Exactly the top k of the k <= m <= CAP candidates at src (stored by other programs: fp32
     score bits and indices, `_collect_segment`, every key >= lo), lower index first among
@@ -781,7 +819,7 @@ def _select_candidates(
     bits = tl.load(keys_ptr + src + offs, mask=valid, other=0, cache_modifier=".cg")
     key = _ordered_key(bits.to(tl.float32, bitcast=True), valid)
     idx = tl.load(idx_ptr + src + offs, mask=valid, other=0, cache_modifier=".cg")
-    take = _take_top(key, idx, valid, m, k, idx_bits, lo, RADIX_BITS, SELECT)
+    take = _take_top(key, idx, valid, m, k, idx_bits, lo, RADIX_BITS, SELECT, PAIRS)
     pos = dst + tl.cumsum(take.to(tl.int32), 0) - 1
     tl.store(keys_ptr + pos, key.to(tl.int32, bitcast=True), mask=take)
     tl.store(idx_ptr + pos, idx, mask=take)
@@ -969,11 +1007,12 @@ def _topk_sample_kernel(
     # switches and meta-parameters
     LENGTHS: tl.constexpr, HAS_STARTS: tl.constexpr, SAMPLE: tl.constexpr,
     SECTOR: tl.constexpr, MIN_RANK: tl.constexpr, RADIX_BITS: tl.constexpr,
-    SELECT: tl.constexpr,
+    SELECT: tl.constexpr, PAIRS: tl.constexpr,
 ):
     """Per row: the estimate, a key whose count in the row should be ~1.5 k (exact when the
     whole row fits the sample). SELECT: the descent to the sample's rank-r key, radix
-    histograms, or a bisection that stops at ESTIMATE_LOW_BIT on sampled rows (the estimate
+    histograms, or a bisection (two bits a count with PAIRS) that stops at ESTIMATE_LOW_BIT on
+    sampled rows (the estimate
     need not be exact, only a key that r sampled keys reach)."""
     row = row_base + tl.program_id(0)
     row64 = row.to(tl.int64)
@@ -996,7 +1035,7 @@ def _topk_sample_kernel(
         key = _ordered_key(x, valid)
         if SELECT == SELECT_BISECT:
             low_bit = tl.where(n <= SAMPLE, 0, ESTIMATE_LOW_BIT)
-            edge, _ = _bisect_edge(key, tl.minimum(n, SAMPLE), rank, 31, low_bit, 0)
+            edge, _ = _bisect_edge(key, tl.minimum(n, SAMPLE), rank, 31, low_bit, 0, PAIRS)
         else:
             prefix, s, _, _ = _radix_edge(key, valid, rank, 32, RADIX_BITS)
             edge = prefix << s
@@ -1020,7 +1059,7 @@ def _topk_multi_kernel(
     # meta-parameters
     ROWS: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CAP: tl.constexpr,
     AREA: tl.constexpr, K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
-    SELECT: tl.constexpr,
+    SELECT: tl.constexpr, PAIRS: tl.constexpr,
 ):
     """One program per (row of this group, segment); see the module docstring."""
     SEGMENT: tl.constexpr = ROWS * BLOCK * CHUNKS
@@ -1068,7 +1107,7 @@ def _topk_multi_kernel(
                 if (m >= k) & (m <= CAP):
                     _select_candidates(
                         keys_ptr, idx_ptr, area, m, k, area + CAP, idx_bits, lo, CAP,
-                        RADIX_BITS, SELECT,
+                        RADIX_BITS, SELECT, PAIRS,
                     )
                     _emit(
                         keys_ptr, idx_ptr, area + CAP, k, k, pad, row, row64, out_ptr,
@@ -1100,7 +1139,7 @@ def _topk_multi_kernel(
                 if (m >= k) & (m <= CAP):
                     _select_candidates(
                         keys_ptr, idx_ptr, area, m, k, area + CAP, idx_bits, lo, CAP,
-                        RADIX_BITS, SELECT,
+                        RADIX_BITS, SELECT, PAIRS,
                     )
                     out_slots = area + CAP
                     n_sel = k
@@ -1136,12 +1175,13 @@ TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # Not in the table: chosen per call (SEGMENTS > 1 splits each row over that many programs;
 # MULTI_ESTIMATE 0 skips the sample estimate, every long row then takes MULTI_RETRY;
 # MULTI_MAXNREG > 0 caps the multi-program kernel's registers per thread, as Triton's maxnreg;
-# MULTI_SAMPLE_WARPS > 0: the sample estimate's warps, else MULTI_WARPS).
+# MULTI_SAMPLE_WARPS > 0: the sample estimate's warps, else MULTI_WARPS; MULTI_BISECT_PAIRS 1:
+# the sample's and the finishing select's bisections resolve two bits a count).
 # TILE_SELECT: the descent of the register-tile selects and of the multi path's sample
 # estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT).
 OVERRIDE_FIELDS = (
     *TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT", "MULTI_MAXNREG",
-    "MULTI_SAMPLE_WARPS",
+    "MULTI_SAMPLE_WARPS", "MULTI_BISECT_PAIRS",
 )  # fmt: skip
 PATHS = ("auto", "row", "multi")
 PATH_ENV = "FXFUSE_TOPK_PATH"
@@ -1210,6 +1250,7 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     resolved["TILE_SELECT"] = DEFAULT_TILE_SELECT
     resolved["MULTI_MAXNREG"] = 0
     resolved["MULTI_SAMPLE_WARPS"] = 0
+    resolved["MULTI_BISECT_PAIRS"] = 0
     if config:
         unknown = sorted(set(config) - set(OVERRIDE_FIELDS))
         if unknown:
@@ -1246,6 +1287,7 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     check("MULTI_SAMPLE", lambda v: v >= 2 * SAMPLE_SECTOR.value and pow2(v),
           f"a power of 2 >= {2 * SAMPLE_SECTOR.value}")  # fmt: skip
     check("MULTI_ESTIMATE", lambda v: v in (0, 1), "0 or 1")
+    check("MULTI_BISECT_PAIRS", lambda v: v in (0, 1), "0 or 1")
     check("MULTI_SAMPLE_WARPS", lambda v: v == 0 or v in launch_tables.NUM_WARPS,
           f"0 (MULTI_WARPS) or one of {launch_tables.NUM_WARPS}")  # fmt: skip
     check("MULTI_MAXNREG", lambda v: v == 0 or 24 <= v <= 255,
@@ -1458,7 +1500,8 @@ def _launch_multi(
                 LENGTHS=lengths_mode, HAS_STARTS=row_starts is not None,
                 SAMPLE=plan["sample"], SECTOR=SAMPLE_SECTOR.value,
                 MIN_RANK=max(1, plan["sample"] // 128), RADIX_BITS=SELECT_BITS.value,
-                SELECT=cfg["TILE_SELECT"], num_warps=plan["sample_warps"],
+                SELECT=cfg["TILE_SELECT"], PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]),
+                num_warps=plan["sample_warps"],
             )  # fmt: skip
         for stage in (MULTI_FIRST.value, MULTI_RETRY.value):
             launch(_topk_multi_kernel, (group_rows * plan["segments"],),
@@ -1476,8 +1519,8 @@ def _launch_multi(
                 LOG2_PAGE=page_size.bit_length() - 1, ESTIMATE=plan["estimate"],
                 ROWS=plan["rows"], BLOCK=plan["block"], CHUNKS=plan["chunks"], CAP=plan["cap"],
                 AREA=plan["area"], K_PAD=plan["k_pad"], FB_BLOCK=FALLBACK_BLOCK.value,
-                RADIX_BITS=SELECT_BITS.value, SELECT=cfg["TILE_SELECT"], num_warps=plan["warps"],
-                **plan["launch"],
+                RADIX_BITS=SELECT_BITS.value, SELECT=cfg["TILE_SELECT"],
+                PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]), num_warps=plan["warps"], **plan["launch"],
             )  # fmt: skip
     return state.view(rows, STATE_WORDS.value)
 

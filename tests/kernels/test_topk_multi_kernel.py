@@ -80,8 +80,9 @@ def test_estimate_branch(dtype, sorted):
     assert torch.equal(ours, values.topk(24, dim=1).values)
 
 
+@pytest.mark.parametrize("pairs", [0, 1], ids=["bit", "pairs"])
 @pytest.mark.parametrize("sorted", [False, True])
-def test_finishing_select_from_the_estimate(sorted):
+def test_finishing_select_from_the_estimate(sorted, pairs):
     # The finishing select starts its bisection below the bits the estimate (every candidate's
     # floor) shares with the largest candidate: rows where they share all 32 (every candidate
     # ties at the estimate), the sign bit only, or a few exponent bits.
@@ -92,7 +93,9 @@ def test_finishing_select_from_the_estimate(sorted):
     scores[3, 200:240] = 1.5  # ties at the k-th key below a few larger ones
     scores[3, 250:260] = 2.5
     for config in (WHOLE_SAMPLE, MULTI):  # the exact k-th key, a sampled estimate below it
-        out, state = _indices(scores, 24, sorted=sorted, config=config)
+        out, state = _indices(
+            scores, 24, sorted=sorted, config={**config, "MULTI_BISECT_PAIRS": pairs}
+        )
         _check(scores, 24, out, sorted=sorted)
         counts = torch.where(_retried(state), _retry_count(state), state[:, topk.ST_COUNT.value])
         assert (counts >= 24).all() and (counts <= CAP).all()  # each row took the select
@@ -101,12 +104,14 @@ def test_finishing_select_from_the_estimate(sorted):
 
 
 @GEOMETRIES
+@pytest.mark.parametrize("pairs", [0, 1], ids=["bit", "pairs"])
 @pytest.mark.parametrize("sorted", [False, True])
-def test_sampled_estimate_and_retry(sorted, geometry):
+def test_sampled_estimate_and_retry(sorted, geometry, pairs):
     # A 64-score sample of 300: some rows' estimates miss and retry; both must be exact.
     scores = torch.randn(8, 300)
     scores[1::2, ::3] = 0.25  # ties across the threshold in every other row
-    out, state = _indices(scores, 24, sorted=sorted, config=geometry)
+    config = {**geometry, "MULTI_BISECT_PAIRS": pairs}
+    out, state = _indices(scores, 24, sorted=sorted, config=config)
     _check(scores, 24, out, sorted=sorted)
     assert state[:, topk.ST_TICKET.value].eq(5).all()  # every segment took its ticket
     retried = _retried(state)
@@ -237,6 +242,44 @@ def _float_test_kernel(x_ptr, lo_ptr, out_ptr, N: tl.constexpr, L: tl.constexpr)
     cand = (x[None, :] >= lo_f[:, None]) | (lo <= topk.NEG_INF_KEY)[:, None]
     offs = tl.arange(0, L)[:, None] * N + tl.arange(0, N)[None, :]
     tl.store(out_ptr + offs, cand.to(tl.int8))
+
+
+@triton.jit
+def _bisect_test_kernel(v_ptr, out_ptr, count, need, low_bit, N: tl.constexpr,
+                        PAIRS: tl.constexpr):  # fmt: skip
+    v = tl.load(v_ptr + tl.program_id(0) * N + tl.arange(0, N)).to(tl.uint32, bitcast=True)
+    t, c = topk._bisect_edge(v, count, need, 31, low_bit, 0, PAIRS)
+    tl.store(out_ptr + tl.program_id(0) * 2, t.to(tl.int32, bitcast=True))
+    tl.store(out_ptr + tl.program_id(0) * 2 + 1, c)
+
+
+@pytest.mark.parametrize("pairs", [False, True], ids=["bit", "pairs"])
+@pytest.mark.parametrize("low_bit", [0, 16, 17])
+def test_bisect_edge(pairs, low_bit):
+    # (t, c) with c = #(v >= t) >= need, and either exactly need reach t or t is the need-th
+    # largest value with its bits below low_bit cleared; one bit a count or two.
+    g = torch.Generator().manual_seed(low_bit)
+    n = 128
+    rows = [torch.randint(1, 2**31, (n,), generator=g) * 2 + 1,  # distinct-ish, odd, large
+            torch.randint(1, 6, (n,), generator=g),  # many ties
+            (torch.randint(0, 2**12, (n,), generator=g) << 20) | 0x5,  # equal low bits
+            torch.full((n,), 0x80000000)]  # all tied  # fmt: skip
+    v = torch.stack(rows).to(torch.int64)
+    v[:, ::9] = 0  # elements not taking part
+    for need in (1, 7, 50, 100):
+        out = torch.empty((len(rows), 2), dtype=torch.int32)
+        counts = (v != 0).sum(1)
+        v32 = torch.where(v >= 2**31, v - 2**32, v).to(torch.int32)
+        _bisect_test_kernel[(len(rows),)](v32, out, int(counts[0]), need, low_bit, N=n,
+                                          PAIRS=pairs)  # fmt: skip
+        assert (counts == counts[0]).all()  # the kernel takes one count for every row
+        for r in range(len(rows)):
+            t, c = int(out[r, 0]) & 0xFFFFFFFF, int(out[r, 1])
+            live = v[r][v[r] != 0]
+            assert c == int((live >= t).sum()) and c >= need
+            if c != need:
+                kth = int(live.sort(descending=True).values[need - 1])
+                assert t == kth & ~((1 << low_bit) - 1)
 
 
 def test_float_candidate_test_is_the_key_order():
