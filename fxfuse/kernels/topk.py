@@ -1169,7 +1169,7 @@ CONFIG_FIELDS = ("BLOCK", "RADIX_BITS", "PROGRAMS_PER_SM", "num_warps", "TILE_MA
 # size and warps.
 MULTI_FIELDS = (
     "MULTI_MIN_LENGTH", "MULTI_MIN_ELEMENTS", "MULTI_MAX_ROWS", "MULTI_BLOCK", "MULTI_ROWS",
-    "MULTI_CHUNKS", "MULTI_CAP", "MULTI_SAMPLE", "MULTI_WARPS",
+    "MULTI_CHUNKS", "MULTI_CAP", "MULTI_SAMPLE", "MULTI_WARPS", "MULTI_MAXNREG",
 )  # fmt: skip
 TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # Not in the table: chosen per call (SEGMENTS > 1 splits each row over that many programs;
@@ -1180,8 +1180,8 @@ TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # TILE_SELECT: the descent of the register-tile selects and of the multi path's sample
 # estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT).
 OVERRIDE_FIELDS = (
-    *TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT", "MULTI_MAXNREG",
-    "MULTI_SAMPLE_WARPS", "MULTI_BISECT_PAIRS",
+    *TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT", "MULTI_SAMPLE_WARPS",
+    "MULTI_BISECT_PAIRS",
 )  # fmt: skip
 PATHS = ("auto", "row", "multi")
 PATH_ENV = "FXFUSE_TOPK_PATH"
@@ -1248,7 +1248,6 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     resolved["SEGMENTS"] = 0  # 0: decided by _num_segments
     resolved["MULTI_ESTIMATE"] = 1
     resolved["TILE_SELECT"] = DEFAULT_TILE_SELECT
-    resolved["MULTI_MAXNREG"] = 0
     resolved["MULTI_SAMPLE_WARPS"] = 0
     resolved["MULTI_BISECT_PAIRS"] = 0
     if config:

@@ -27,6 +27,8 @@ POWER_OF_TWO_PREFIXES = ("BLOCK_", "GROUP_")
 NUM_WARPS = (1, 2, 4, 8, 16)
 TABLE_TARGETS = ("sm90", "gfx950", "gfx942")
 FLAG_FIELDS = ("SWAP_AB", "PERSISTENT")  # 0 / 1 switches; every other field is a positive int
+# Compiler caps where 0 means "none" (registers a thread: Triton's maxnreg, CUDA only).
+CAP_FIELDS = ("MULTI_MAXNREG",)
 
 
 class LaunchTableError(ValueError):
@@ -64,6 +66,10 @@ def _validate(table: dict, name: str) -> dict:
                 if key in FLAG_FIELDS:
                     if value not in (0, 1) or isinstance(value, bool):
                         raise LaunchTableError(f"{at}, entry {i}: {key} must be 0 or 1")
+                    continue
+                if key in CAP_FIELDS:
+                    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                        raise LaunchTableError(f"{at}, entry {i}: {key} must be an int >= 0")
                     continue
                 if not isinstance(value, int) or value < 1:
                     raise LaunchTableError(f"{at}, entry {i}: {key} must be a positive int")

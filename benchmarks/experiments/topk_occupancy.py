@@ -1,0 +1,120 @@
+"""The multi-program top-k at its register-bound occupancy (issue 5).
+
+The sm90 compile of `_topk_multi_kernel` at the catch-all entry (MULTI_BLOCK 4096, 16 warps)
+takes 128 registers a thread (cuobjdump --dump-resource-usage): one 512-thread program per SM.
+The registers go to the finishing select's CAP-pair tile, not to the stream, yet while one
+program finishes its row (select + epilogue, latency-bound) its SM streams nothing. Variants that
+fit two or more programs per SM, each against the table's entry, interleaved, every one checked
+first (exact sets against the reference, ties at many ranks):
+
+- table: the launch table's entry;
+- nreg64 / nreg80: the same with Triton's maxnreg (the sm90 compile here: 64 regs + 56 B stack,
+  80 + 24 B);
+- w8: MULTI_BLOCK 2048, 8 warps, 16 chunks (114 regs, no stack: two programs per SM), and w8c8
+  with 8 chunks (16K-score segments); w8nreg80: w8 capped at 80 (three per SM);
+- w32: 32 warps (64 regs, one 1024-thread program per SM);
+- s4, nreg64s4: the sample estimate with 4 warps (16 steps of a 4-warp count instead of a
+  16-warp one; 64 sample scores a thread);
+- pairs, nreg64s4p: the sample's and the finishing select's bisections two bits a count.
+
+    PYTHONPATH=. python benchmarks/experiments/topk_occupancy.py [--out DIR] [--rounds 2]
+        [--old FILE.py]  # also "old": the table's entry with kernels/topk.py as in FILE.py
+
+Page transform (fp32 randn, full lengths, page size 64) in CUDA graphs, inputs rotated past L2
+as in bench_topk. Rows go to topk_occupancy.jsonl as they come.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import bench_topk as bt  # noqa: E402
+
+from fxfuse.kernels import topk  # noqa: E402
+
+W8 = {"MULTI_BLOCK": 2048, "MULTI_WARPS": 8, "MULTI_CHUNKS": 16}
+VARIANTS = {
+    "table": {},
+    "nreg64": {"MULTI_MAXNREG": 64},
+    "nreg80": {"MULTI_MAXNREG": 80},
+    "w8": W8,
+    "w8c8": {**W8, "MULTI_CHUNKS": 8},
+    "w8nreg80": {**W8, "MULTI_MAXNREG": 80},
+    "s4": {"MULTI_SAMPLE_WARPS": 4},
+    "nreg64s4": {"MULTI_MAXNREG": 64, "MULTI_SAMPLE_WARPS": 4},
+    "pairs": {"MULTI_BISECT_PAIRS": 1},
+    "w8nreg64": {**W8, "MULTI_MAXNREG": 64},
+    "w8c8nreg80": {**W8, "MULTI_CHUNKS": 8, "MULTI_MAXNREG": 80},
+    "w4": {**W8, "MULTI_WARPS": 4},
+    "w4nreg96": {**W8, "MULTI_WARPS": 4, "MULTI_MAXNREG": 96},
+    "w4nreg128": {**W8, "MULTI_WARPS": 4, "MULTI_MAXNREG": 128},
+    "nreg64s4p": {"MULTI_MAXNREG": 64, "MULTI_SAMPLE_WARPS": 4, "MULTI_BISECT_PAIRS": 1},
+}
+SHAPES = ((256, 131072), (64, 131072), (1, 131072))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="/tmp/fxfuse_results")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--topks", default="2048,512")
+    p.add_argument("--old", help="an earlier kernels/topk.py, timed as variant 'old'")
+    args = p.parse_args(argv)
+    modules = {}
+    if args.old:
+        spec = importlib.util.spec_from_file_location("topk_old", args.old)
+        old = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old)
+        modules["old"] = old
+    os.makedirs(args.out, exist_ok=True)
+    device = torch.device("cuda")
+    names = (["old"] if args.old else []) + args.variants.split(",")
+    configs = {**VARIANTS, "old": {}}
+    path = os.path.join(args.out, "topk_occupancy.jsonl")
+    for rows, length in SHAPES:
+        for k in [int(v) for v in args.topks.split(",")]:
+            checked = {}
+            for name in names:
+                bt.topk = modules.get(name, topk)  # check_page_case calls bt.topk
+                ok, why = bt.check_page_case(rows, length, k, device, config=configs[name],
+                                             path="multi")  # fmt: skip
+                checked[name] = why
+            bt.topk = topk
+            sets = bt.page_inputs(rows, length, device, seed=rows + k,
+                                  copies=bt.copies_for(rows * length * 4, True))  # fmt: skip
+
+            def make(name):
+                mod, cfg = modules.get(name, topk), configs[name]
+                return bt.Rotating(
+                    lambda s, lens, t: mod.topk_page_transform(
+                        s, k, lens, t, bt.PAGE_SIZE, config=cfg, path="multi"
+                    ),
+                    sets,
+                )
+
+            fns = {n: make(n) for n in names if checked[n] == "exact"}
+            for fn in fns.values():
+                fn()
+            torch.cuda.synchronize()
+            times = {n: [] for n in fns}
+            for _ in range(args.rounds):
+                for n, fn in fns.items():
+                    times[n].append(round(bt.time_us(fn, graph=True), 2))
+            row = {"rows": rows, "length": length, "k": k, "us": times, "checks": checked,
+                   "roofline_us": round(rows * length * 4 / bt.COPY_BYTES_PER_US, 2)}  # fmt: skip
+            print(json.dumps(row), flush=True)
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
