@@ -59,8 +59,9 @@ score once in the common case, spread over one program per (row, segment):
    Otherwise the estimate missed: it stores the bound = the k-th largest group maximum (at
    least k groups, hence k scores, reach it: BLOCK >= k makes >= k groups non-empty) and
    flags the row.
-2. MULTI_RETRY (always launched; unflagged rows return at once): the flagged rows collect the
-   keys >= the bound (for iid scores ~1.1-1.2 k) and finish the same way; more than CAP (a
+2. MULTI_RETRY (always launched, one program per row; unflagged rows return at once): a
+   flagged row's program collects the keys >= the bound (for iid scores ~1.1-1.2 k) segment
+   after segment and finishes the same way; more than CAP (a
    constant row, scores equal in most of their bits) takes the row path's exact one-program
    stream + select over the whole row. Rows no longer than k take that machinery in
    MULTI_FIRST (identity, or sorted, then padding).
@@ -128,7 +129,6 @@ ST_TICKET = tl.constexpr(2)        # segments of MULTI_FIRST done
 ST_BOUND = tl.constexpr(3)         # the group-max bound (a key) for MULTI_RETRY
 ST_RETRY = tl.constexpr(4)         # 1: the row takes MULTI_RETRY
 ST_RETRY_COUNT = tl.constexpr(5)
-ST_RETRY_TICKET = tl.constexpr(6)
 STATE_WORDS = tl.constexpr(8)
 SELECT_BITS = tl.constexpr(5)      # 32-bin histograms: the fewest ballots per resolved bit
 # The register-tile select (`_take_top`): its descent to the k-th key.
@@ -1061,11 +1061,16 @@ def _topk_multi_kernel(
     AREA: tl.constexpr, K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
     SELECT: tl.constexpr, PAIRS: tl.constexpr,
 ):
-    """One program per (row of this group, segment); see the module docstring."""
+    """MULTI_FIRST: one program per (row of this group, segment); MULTI_RETRY: one program per
+    row, walking its segments (see the module docstring)."""
     SEGMENT: tl.constexpr = ROWS * BLOCK * CHUNKS
     pid = tl.program_id(0)
-    local = pid // num_segments  # the row's slot in this group's scratch
-    seg = pid % num_segments
+    if STAGE == MULTI_FIRST:
+        local = pid // num_segments  # the row's slot in this group's scratch
+        seg = pid % num_segments
+    else:
+        local = pid
+        seg = 0
     row = row_base + local
     row64 = row.to(tl.int64)
     state = state_ptr + row64 * STATE_WORDS
@@ -1124,37 +1129,41 @@ def _topk_multi_kernel(
                     tl.store(state + ST_BOUND, bound.to(tl.int32, bitcast=True))
                     tl.store(state + ST_RETRY, 1)
     else:
+        # A flagged row (rare: the estimate missed) is collected by one program, segment after
+        # segment; the others return at once (a 1024-program retry grid of the 16-warp kernel
+        # took 7.2 us of ncu time at 256 x 128K doing nothing).
         retry = tl.load(state + ST_RETRY)
-        if (retry != 0) & (seg_start < n):
+        if retry != 0:
             lo = tl.load(state + ST_BOUND).to(tl.uint32, bitcast=True)
-            _collect_segment(
-                scores_ptr, seg_off, stride_sl, n_seg, seg_start, lo, keys_ptr, idx_ptr, area,
-                state + ST_RETRY_COUNT, gmax_ptr, 0,
-                True, False, ROWS, BLOCK, CAP,
-            )
-            tl.debug_barrier()
-            ticket = tl.atomic_add(state + ST_RETRY_TICKET, 1, sem="acq_rel")
-            if ticket == n_segments - 1:
-                m = tl.atomic_add(state + ST_RETRY_COUNT, 0, sem="acquire")
-                if (m >= k) & (m <= CAP):
-                    _select_candidates(
-                        keys_ptr, idx_ptr, area, m, k, area + CAP, idx_bits, lo, CAP,
-                        RADIX_BITS, SELECT, PAIRS,
-                    )
-                    out_slots = area + CAP
-                    n_sel = k
-                else:
-                    # More than CAP keys reach the bound (a constant row, scores equal in
-                    # most bits): the exact one-program machinery of the row path.
-                    out_slots, n_sel = _whole_row(
-                        scores_ptr, row_off, stride_sl, n, keys_ptr, idx_ptr, area, k, K_PAD,
-                        FB_BLOCK, RADIX_BITS,
-                    )
-                _emit(
-                    keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, out_ptr,
-                    page_table_ptr, row_to_batch_ptr, pt_cols, stride_or, stride_ptb,
-                    stride_ptp, EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, K_PAD,
+            for s in range(0, n_segments):
+                s_start = s * SEGMENT
+                _collect_segment(
+                    scores_ptr, row_off + tl.cast(s_start, tl.int64) * stride_sl, stride_sl,
+                    tl.minimum(n - s_start, SEGMENT), s_start, lo, keys_ptr, idx_ptr, area,
+                    state + ST_RETRY_COUNT, gmax_ptr, 0,
+                    True, False, ROWS, BLOCK, CAP,
+                )  # fmt: skip
+            tl.debug_barrier()  # every thread's candidates stored before the select reads them
+            m = tl.atomic_add(state + ST_RETRY_COUNT, 0, sem="acquire")
+            if (m >= k) & (m <= CAP):
+                _select_candidates(
+                    keys_ptr, idx_ptr, area, m, k, area + CAP, idx_bits, lo, CAP,
+                    RADIX_BITS, SELECT, PAIRS,
                 )
+                out_slots = area + CAP
+                n_sel = k
+            else:
+                # More than CAP keys reach the bound (a constant row, scores equal in most
+                # bits): the exact one-program machinery of the row path.
+                out_slots, n_sel = _whole_row(
+                    scores_ptr, row_off, stride_sl, n, keys_ptr, idx_ptr, area, k, K_PAD,
+                    FB_BLOCK, RADIX_BITS,
+                )
+            _emit(
+                keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, out_ptr,
+                page_table_ptr, row_to_batch_ptr, pt_cols, stride_or, stride_ptb,
+                stride_ptp, EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, K_PAD,
+            )
 
 
 # fmt: on
@@ -1503,7 +1512,8 @@ def _launch_multi(
                 num_warps=plan["sample_warps"],
             )  # fmt: skip
         for stage in (MULTI_FIRST.value, MULTI_RETRY.value):
-            launch(_topk_multi_kernel, (group_rows * plan["segments"],),
+            programs = group_rows * (plan["segments"] if stage == MULTI_FIRST.value else 1)
+            launch(_topk_multi_kernel, (programs,),
                 scores, dummy if lengths is None else lengths,
                 dummy if row_starts is None else row_starts,
                 dummy if row_to_batch is None else row_to_batch,
