@@ -50,21 +50,26 @@ score once in the common case, spread over one program per (row, segment):
    is the rank-r key of the sample with r = 1.5 k · sample / n (>= sample / 128), the exact
    k-th key when the row fits the sample. About 1.5 k of the row's keys reach it.
 1. MULTI_FIRST (one program per segment of MULTI_ROWS x MULTI_BLOCK x MULTI_CHUNKS scores):
-   stream the segment once, each column's candidates (keys >= the estimate) kept as a bit mask
-   in registers, then placed in the row's candidate area (one atomic per segment reserves the
-   slots; `_collect_segment`), and the maxima of the MULTI_BLOCK strided groups {j + c·BLOCK}
-   stored. The segment that finishes last (a per-row ticket, acq_rel: every segment's stores
-   are visible to it) finishes the row: k <= m <= CAP candidates -> exact select (radix over
-   the key in registers, then over the index bits among the k-th key's ties) and the epilogue.
+   stream the segment once, each column's candidates (keys >= the estimate, tested on the
+   floats) kept as a bit mask in registers, then placed in the row's candidate area as fp32
+   bits and indices (one atomic per segment reserves the slots; `_collect_segment`), and the
+   maxima of the MULTI_BLOCK strided groups {j + c·BLOCK} stored. The segment that finishes
+   last (a per-row ticket, acq_rel: every segment's stores are visible to it) finishes the row:
+   k <= m <= CAP candidates -> exact select (the keys made, a bisection from below the bits the
+   estimate shares with the largest key, then over the index bits among the k-th key's ties)
+   and the epilogue.
    Otherwise the estimate missed: it stores the bound = the k-th largest group maximum (at
    least k groups, hence k scores, reach it: BLOCK >= k makes >= k groups non-empty) and
    flags the row.
 2. MULTI_RETRY (always launched, one program per row; unflagged rows return at once): a
    flagged row's program collects the keys >= the bound (for iid scores ~1.1-1.2 k) segment
-   after segment and finishes the same way; more than CAP (a
-   constant row, scores equal in most of their bits) takes the row path's exact one-program
-   stream + select over the whole row. Rows no longer than k take that machinery in
-   MULTI_FIRST (identity, or sorted, then padding).
+   after segment and finishes the same way; more than CAP (a constant row, scores equal in
+   most of their bits) takes the row path's exact one-program stream + select over the whole
+   row. Rows no longer than k take that machinery in MULTI_FIRST (identity, or sorted, then
+   padding).
+Occupancy decides this path's speed more than its instruction count: at one 16-warp program
+per SM (128 registers a thread) a row's finishing select idles its SM, so the sm90 table runs
+8-warp programs under Triton's maxnreg (MULTI_MAXNREG), three per SM (docs/benchmarks.md).
 Why not an exact histogram of the top 11 bits in a first pass: tl.histogram lowers to warp
 ballots plus one popcount per bin per 32 lanes, ~8 warp instructions per score for 2048 bins
 (~250 us at 256 x 128K), and two full reads are 64 us at 4.25 TB/s, the bar itself. Row groups
