@@ -1305,6 +1305,11 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
           f"0 (MULTI_WARPS) or one of {launch_tables.NUM_WARPS}")  # fmt: skip
     check("MULTI_MAXNREG", lambda v: v == 0 or 24 <= v <= 255,
           "0 (the compiler's choice) or in 24..255")  # fmt: skip
+    if resolved["MULTI_MAXNREG"] and target.startswith("gfx"):
+        raise ValueError(
+            f"config: MULTI_MAXNREG caps CUDA registers; target {target} takes 0, got "
+            f"{resolved['MULTI_MAXNREG']}"
+        )
     check("TILE_SELECT", lambda v: v in (SELECT_RADIX.value, SELECT_BISECT.value),
           f"{SELECT_RADIX.value} (radix) or {SELECT_BISECT.value} (bisect)")  # fmt: skip
     return resolved

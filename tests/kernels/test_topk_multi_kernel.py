@@ -439,6 +439,11 @@ def test_masks_and_block_tables_keep_the_row_path(monkeypatch):
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_ROWS": 3}), "config"),
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_ROWS": 8, "MULTI_CHUNKS": 5}), "config"),
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_MAX_ROWS": 0}), "config"),
+        (lambda s: topk.topk_indices(s, 4, config={"MULTI_MAXNREG": 16}), "config"),
+        (lambda s: topk.topk_indices(s, 4, config={"MULTI_SAMPLE_WARPS": 3}), "config"),
+        (lambda s: topk.topk_indices(s, 4, config={"MULTI_BISECT_PAIRS": 2}), "config"),
+        (lambda s: topk.topk_indices(s, 4, config={"MULTI_MAXNREG": 64}, target="gfx950"),
+         "config"),
     ],
 )
 def test_bad_inputs(call, name):
