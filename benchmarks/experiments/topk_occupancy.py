@@ -1,9 +1,9 @@
 """The multi-program top-k at its register-bound occupancy (issue 5).
 
 The sm90 compile of `_topk_multi_kernel` at the catch-all entry as it was (MULTI_BLOCK 4096,
-16 warps; w16 below) takes 128 registers a thread (cuobjdump --dump-resource-usage): one 512-thread program per SM.
-The registers go to the finishing select's CAP-pair tile, not to the stream, yet while one
-program finishes its row (select + epilogue, latency-bound) its SM streams nothing. Variants that
+16 warps; w16 below) takes 128 registers a thread (cuobjdump --dump-resource-usage): one
+512-thread program per SM, so while one program finishes its row (select + epilogue,
+latency-bound) its SM streams nothing. Variants that
 fit two or more programs per SM, interleaved, every one checked first (exact sets against the
 reference, ties at many ranks; a variant the launcher refuses is noted and not timed):
 
