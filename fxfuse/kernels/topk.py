@@ -910,16 +910,17 @@ def _collect_segment(
     lo > key(-inf); lo <= key(-inf) takes every score), so a score costs a compare, a select,
     an or and a max. After the segment, one scan of the columns' counts (their masks' popcounts)
     and one atomic place every column's run in the row's area (fp32 score bits and indices),
-    and the columns walk their masks
-    lowest bit first (the bit's position from the exponent of its float value), reloading those
-    few scores (just streamed, so mostly from L2). Full segments stream unmasked
-    (`_stream_columns`). Per-chunk scans, reductions and atomics cost 106-221 us at 256 x 128K,
-    queues in memory ~75 over the stream (benchmarks/experiments/topk_lanes.py)."""
+    and the columns walk their masks lowest bit first (the bit's position from the exponent of
+    its float value), reloading those few scores (just streamed, so mostly from L2). Full
+    segments stream unmasked (`_stream_columns`). Per-chunk scans, reductions and atomics
+    cost 106-221 us at 256 x 128K, queues in memory ~75 over the stream
+    (benchmarks/experiments/topk_lanes.py)."""
     CHUNK: tl.constexpr = ROWS * BLOCK
     rows = tl.arange(0, ROWS)
     offs0 = rows[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
-    # The column indices in the layout of the column reductions (found, gmax): the walk's
-    # vectors then share one layout, with no conversion through shared memory.
+    # The column indices in the layout of the column reductions (found, gmax), so the walk's
+    # masks, positions and reloads share it; its scattered stores still go through a layout
+    # conversion (shared memory, ~14 barriers a walk step in the sm90 compile here).
     cols = tl.min(offs0, 0)
     lo_u = lo.to(tl.uint32)
     lo_f = _key_float(lo_u)
