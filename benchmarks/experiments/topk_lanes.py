@@ -73,7 +73,7 @@ def _tiles(
     SEGMENT: tl.constexpr = ROWS * BLOCK * CHUNKS
     _collect_segment(
         scores_ptr, row.to(tl.int64) * length + seg * SEGMENT, stride, SEGMENT, seg * SEGMENT,
-        lo.to(tl.uint32, bitcast=True), keys_ptr, idx_ptr, row * CAP, count_ptr + row,
+        lo.to(tl.uint32, bitcast=True), idx_ptr, row * CAP, count_ptr + row,
         gmax_ptr, pid * BLOCK, COLLECT, True, ROWS, BLOCK, CAP,
     )  # fmt: skip
 

@@ -61,6 +61,7 @@ def _edge_kernel(
 
 @triton.jit
 def _select_kernel(
+    scores_ptr,
     keys_ptr,
     idx_ptr,
     m,
@@ -72,8 +73,10 @@ def _select_kernel(
 ):
     row = tl.program_id(0)
     _select_candidates(
-        keys_ptr, idx_ptr, row * AREA, m, k, row * AREA + CAP, idx_bits, 0, CAP, RADIX_BITS,
+        scores_ptr, row.to(tl.int64) * m, 1, keys_ptr, idx_ptr, row * AREA, m, k,
+        row * AREA + CAP, idx_bits, 0, CAP, RADIX_BITS,
         0,  # SELECT_RADIX: the select these 2026-12-03 figures measured
+        False,
     )
 
 
@@ -105,7 +108,6 @@ def _collect_kernel(
         SEGMENT,
         seg * SEGMENT,
         lo.to(tl.uint32, bitcast=True),
-        keys_ptr,
         idx_ptr,
         row * CAP,
         count_ptr + row,
@@ -266,7 +268,7 @@ def main() -> int:
         cap, area = 4096, 4096 + 2048
         x = torch.randn(rows, m, device=dev)
         keys = torch.zeros(rows, area, dtype=torch.int32, device=dev)
-        keys[:, :m] = x.view(torch.int32)  # the candidates' fp32 bits, as _collect_segment stores
+        # the candidates are the m scores of each row of x, by index (as _collect_segment stores)
         idx = torch.zeros(rows, area, dtype=torch.int32, device=dev)
         idx[:, :m] = torch.arange(m, device=dev, dtype=torch.int32)
         want = x.topk(k, dim=1).indices.sort(1).values
@@ -275,7 +277,7 @@ def main() -> int:
 
                 def fn(b=bits, w=warps, kk=keys.clone(), ii=idx.clone()):
                     _select_kernel[(rows,)](
-                        kk, ii, m, k, 17, AREA=area, CAP=cap, RADIX_BITS=b, num_warps=w
+                        x, kk, ii, m, k, 17, AREA=area, CAP=cap, RADIX_BITS=b, num_warps=w
                     )
                     return ii
 

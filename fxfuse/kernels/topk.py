@@ -51,13 +51,13 @@ score once in the common case, spread over one program per (row, segment):
    k-th key when the row fits the sample. About 1.5 k of the row's keys reach it.
 1. MULTI_FIRST (one program per segment of MULTI_ROWS x MULTI_BLOCK x MULTI_CHUNKS scores):
    stream the segment once, each column's candidates (keys >= the estimate, tested on the
-   floats) kept as a bit mask in registers, then placed in the row's candidate area as fp32
-   bits and indices (one atomic per segment reserves the slots; `_collect_segment`), and the
-   maxima of the MULTI_BLOCK strided groups {j + c·BLOCK} stored. The segment that finishes
-   last (a per-row ticket, acq_rel: every segment's stores are visible to it) finishes the row:
-   k <= m <= CAP candidates -> exact select (the keys made, a bisection from below the bits the
-   estimate shares with the largest key, then over the index bits among the k-th key's ties)
-   and the epilogue.
+   floats) kept as a bit mask in registers, then their indices placed in the row's candidate
+   area (one atomic per segment reserves the slots; `_collect_segment`), and the maxima of the
+   MULTI_BLOCK strided groups {j + c·BLOCK} stored. The segment that finishes last (a per-row
+   ticket, acq_rel: every segment's stores are visible to it) finishes the row: k <= m <= CAP
+   candidates -> exact select (their scores reloaded by index and made keys, a bisection from
+   below the bits the estimate shares with the largest key, then over the index bits among the
+   k-th key's ties) and the epilogue.
    Otherwise the estimate missed: it stores the bound = the k-th largest group maximum (at
    least k groups, hence k scores, reach it: BLOCK >= k makes >= k groups non-empty) and
    flags the row.
@@ -813,17 +813,18 @@ def _take_top(
 
 @triton.jit
 def _select_candidates(
-    keys_ptr, idx_ptr, src, m, k, dst, idx_bits, lo, CAP: tl.constexpr,
-    RADIX_BITS: tl.constexpr, SELECT: tl.constexpr, PAIRS: tl.constexpr,
+    scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, src, m, k, dst, idx_bits, lo,
+    CAP: tl.constexpr, RADIX_BITS: tl.constexpr, SELECT: tl.constexpr, PAIRS: tl.constexpr,
 ):
-    """Exactly the top k of the k <= m <= CAP candidates at src (stored by other programs: fp32
-    score bits and indices, `_collect_segment`, every key >= lo), lower index first among
-    equal keys, into dst .. dst + k - 1 as (key, index) pairs (any order)."""
+    """Exactly the top k of the k <= m <= CAP candidates at src (the indices in the row at
+    row_off of scores whose keys are >= lo, stored by other programs: `_collect_segment`),
+    lower index first among equal keys, into dst .. dst + k - 1 as (key, index) pairs (any
+    order)."""
     offs = tl.arange(0, CAP)
     valid = offs < m
-    bits = tl.load(keys_ptr + src + offs, mask=valid, other=0, cache_modifier=".cg")
-    key = _ordered_key(bits.to(tl.float32, bitcast=True), valid)
     idx = tl.load(idx_ptr + src + offs, mask=valid, other=0, cache_modifier=".cg")
+    x = tl.load(scores_ptr + row_off + idx.to(tl.int64) * stride_sl, mask=valid, other=0.0)
+    key = _ordered_key(x.to(tl.float32), valid)
     take = _take_top(key, idx, valid, m, k, idx_bits, lo, RADIX_BITS, SELECT, PAIRS)
     pos = dst + tl.cumsum(take.to(tl.int32), 0) - 1
     tl.store(keys_ptr + pos, key.to(tl.int32, bitcast=True), mask=take)
@@ -892,15 +893,15 @@ def _stream_columns(
 
 @triton.jit
 def _collect_segment(
-    scores_ptr, row_off, stride_sl, n_seg, seg_start, lo, keys_ptr, idx_ptr, area, count_ptr,
-    gmax_ptr, gmax_at,
+    scores_ptr, row_off, stride_sl, n_seg, seg_start, lo, idx_ptr, area, count_ptr, gmax_ptr,
+    gmax_at,
     COLLECT: tl.constexpr, GROUP_MAX: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
     CAP: tl.constexpr,
 ):
     """Stream one segment (n_seg <= 32 x BLOCK scores from row_off) once, ROWS x BLOCK scores a
-    chunk: append the keys >= lo to the row's candidate area (slots from the row's counter;
-    those past CAP are counted, not stored) and store the maxima of the BLOCK strided groups
-    {j + c·BLOCK} (0 for an empty group).
+    chunk: append the indices of the keys >= lo to the row's candidate area (slots from the
+    row's counter; those past CAP are counted, not stored) and store the maxima of the BLOCK
+    strided groups {j + c·BLOCK} (0 for an empty group).
 
     A chunk is a (ROWS, BLOCK) tile, score j + r·BLOCK at [r, j], and a thread keeps its columns
     along axis 0. While streaming nothing crosses threads and nothing is stored: each column
@@ -909,9 +910,10 @@ def _collect_segment(
     non-NaN scores, -0.0 == +0.0 included; a NaN compares false and ranks as -inf, below any
     lo > key(-inf); lo <= key(-inf) takes every score), so a score costs a compare, a select,
     an or and a max. After the segment, one scan of the columns' counts (their masks' popcounts)
-    and one atomic place every column's run in the row's area (fp32 score bits and indices),
-    and the columns walk their masks lowest bit first (the bit's position from the exponent of
-    its float value), reloading those few scores (just streamed, so mostly from L2). Full
+    and one atomic place every column's run in the row's area, and the columns walk their
+    masks lowest bit first (the bit's position from the exponent of its float value), storing
+    indices only: the walk reloads no score (`_select_candidates` does, once per row), so its
+    steps wait on no load and convert no loaded values between layouts. Full
     segments stream unmasked (`_stream_columns`). Per-chunk scans, reductions and atomics
     cost 106-221 us at 256 x 128K, queues in memory ~75 over the stream
     (benchmarks/experiments/topk_lanes.py)."""
@@ -919,8 +921,8 @@ def _collect_segment(
     rows = tl.arange(0, ROWS)
     offs0 = rows[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
     # The column indices in the layout of the column reductions (found, gmax), so the walk's
-    # masks, positions and reloads share it; its scattered stores still go through a layout
-    # conversion (shared memory, ~14 barriers a walk step in the sm90 compile here).
+    # masks and positions share it; its scattered stores still go through a layout conversion
+    # (shared memory: the index and the mask, each step).
     cols = tl.min(offs0, 0)
     lo_u = lo.to(tl.uint32)
     lo_f = _key_float(lo_u)
@@ -946,22 +948,17 @@ def _collect_segment(
             base = tl.atomic_add(count_ptr, n_cand, sem="relaxed")
             pos = base + tl.cumsum(count, 0) - count
             deepest = tl.max(count, 0)
-            d = 0
-            while d < deepest:
+            # A for loop (not a while): the layout pass then keeps a copy of pos in the stores'
+            # layout instead of converting the store pointers every step.
+            for _ in range(0, deepest):
                 low = found & (0 - found)  # the lowest candidate bit left (0: none)
-                live = low != 0
                 # log2 of a power of two: its float's exponent
                 bit = (low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
                 offs = (bit // ROWS) * CHUNK + (bit % ROWS) * BLOCK + cols
-                x = tl.load(scores_ptr + row_off + offs * stride_sl, mask=live, other=0.0)
-                ok = live & (pos < CAP)
-                # The score's fp32 bits: `_select_candidates` makes the keys.
-                tl.store(keys_ptr + area + pos, x.to(tl.float32).to(tl.int32, bitcast=True),
-                         mask=ok)  # fmt: skip
-                tl.store(idx_ptr + area + pos, seg_start + offs, mask=ok)
+                # Only the index: `_select_candidates` reloads the scores.
+                tl.store(idx_ptr + area + pos, seg_start + offs, mask=(low != 0) & (pos < CAP))
                 found ^= low
                 pos += 1
-                d += 1
 
 
 @triton.jit
@@ -1105,7 +1102,7 @@ def _topk_multi_kernel(
             if ESTIMATE:
                 lo = tl.load(state + ST_ESTIMATE).to(tl.uint32, bitcast=True)
             _collect_segment(
-                scores_ptr, seg_off, stride_sl, n_seg, seg_start, lo, keys_ptr, idx_ptr, area,
+                scores_ptr, seg_off, stride_sl, n_seg, seg_start, lo, idx_ptr, area,
                 state + ST_COUNT, gmax_ptr, gmax_row + seg * BLOCK,
                 ESTIMATE, True, ROWS, BLOCK, CAP,
             )
@@ -1117,8 +1114,8 @@ def _topk_multi_kernel(
                 m = tl.atomic_add(state + ST_COUNT, 0, sem="acquire")
                 if (m >= k) & (m <= CAP):
                     _select_candidates(
-                        keys_ptr, idx_ptr, area, m, k, area + CAP, idx_bits, lo, CAP,
-                        RADIX_BITS, SELECT, PAIRS,
+                        scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, area, m, k,
+                        area + CAP, idx_bits, lo, CAP, RADIX_BITS, SELECT, PAIRS,
                     )
                     _emit(
                         keys_ptr, idx_ptr, area + CAP, k, k, pad, row, row64, out_ptr,
@@ -1145,7 +1142,7 @@ def _topk_multi_kernel(
                 s_start = s * SEGMENT
                 _collect_segment(
                     scores_ptr, row_off + tl.cast(s_start, tl.int64) * stride_sl, stride_sl,
-                    tl.minimum(n - s_start, SEGMENT), s_start, lo, keys_ptr, idx_ptr, area,
+                    tl.minimum(n - s_start, SEGMENT), s_start, lo, idx_ptr, area,
                     state + ST_RETRY_COUNT, gmax_ptr, 0,
                     True, False, ROWS, BLOCK, CAP,
                 )  # fmt: skip
@@ -1153,8 +1150,8 @@ def _topk_multi_kernel(
             m = tl.atomic_add(state + ST_RETRY_COUNT, 0, sem="acquire")
             if (m >= k) & (m <= CAP):
                 _select_candidates(
-                    keys_ptr, idx_ptr, area, m, k, area + CAP, idx_bits, lo, CAP,
-                    RADIX_BITS, SELECT, PAIRS,
+                    scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, area, m, k, area + CAP,
+                    idx_bits, lo, CAP, RADIX_BITS, SELECT, PAIRS,
                 )
                 out_slots = area + CAP
                 n_sel = k
@@ -1179,7 +1176,8 @@ def _topk_multi_kernel(
 KERNEL_NAME = "topk"
 CONFIG_FIELDS = ("BLOCK", "RADIX_BITS", "PROGRAMS_PER_SM", "num_warps", "TILE_MAX")
 # The multi-program path: when it is taken (MIN_LENGTH, MIN_ELEMENTS = rows · length, MAX_ROWS:
-# beyond it the row path's one program per row already fills the GPU), its chunk (MULTI_ROWS x
+# beyond it the row path takes the rows; sm90 sets no limit since the multi path won at every row
+# count measured), its chunk (MULTI_ROWS x
 # MULTI_BLOCK scores, MULTI_BLOCK strided groups), chunks per segment, candidate capacity, sample
 # size and warps.
 MULTI_FIELDS = (

@@ -234,6 +234,20 @@ def test_row_starts_pad_and_odd_strides(geometry):
     assert (out[3] == 400).all() and ((out[2] >= 0) & (out[2] < 30)).all()
 
 
+@GEOMETRIES
+def test_column_major_scores(geometry):
+    """Scores with an element stride of 3 (a transposed view): the stream, the group maxima and
+    the finishing select's reload by index all step by it."""
+    scores = torch.randn(300, 3).t()
+    assert scores.stride() == (1, 3)
+    starts = torch.tensor([0, 40, 7], dtype=torch.int64)
+    lengths = torch.tensor([300, 250, 200], dtype=torch.int64)
+    for config in (geometry, _retry_only(geometry)):
+        out, state = _indices(scores, 24, lengths, starts, config=config)
+        _check(scores, 24, out, lengths, starts)
+        assert _retried(state).all() == (config.get("MULTI_ESTIMATE") == 0)
+
+
 @triton.jit
 def _float_test_kernel(x_ptr, lo_ptr, out_ptr, N: tl.constexpr, L: tl.constexpr):
     x = tl.load(x_ptr + tl.arange(0, N))
