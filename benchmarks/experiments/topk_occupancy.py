@@ -16,10 +16,14 @@ reference, ties at many ranks; a variant the launcher refuses is noted and not t
   w8c8nreg80; w4, w4nreg96, w4nreg128: w8 at 4 warps;
 - s4, nreg64s4: w16 with the sample estimate at 4 warps (64 sample scores a thread);
 - pairs, nreg64s4p: w16 with the sample's and the finishing select's bisections two bits a
-  count.
+  count;
+- w8c4nreg80, w4c4nreg96: 8K-score segments (rows of 8K-32K);
+- row: the row path (one program per row) at the table's entry, for the shapes where the table
+  sends rows there (more than MULTI_MAX_ROWS rows).
 
     PYTHONPATH=. python benchmarks/experiments/topk_occupancy.py [--out DIR] [--rounds 2]
         [--old FILE.py]  # also "old": the table's entry with kernels/topk.py as in FILE.py
+        [--shapes 16384x17920,1024x32768] [--variants row,table,w8c4nreg80]
 
 Page transform (fp32 randn, full lengths, page size 64) in CUDA graphs, inputs rotated past L2
 as in bench_topk. Rows go to topk_occupancy.jsonl as they come.
@@ -62,8 +66,20 @@ VARIANTS = {
     "w4": {**W8, "MULTI_WARPS": 4},
     "w4nreg96": {**W8, "MULTI_WARPS": 4, "MULTI_MAXNREG": 96},
     "w4nreg128": {**W8, "MULTI_WARPS": 4, "MULTI_MAXNREG": 128},
+    "w8c4nreg80": {**W8, "MULTI_CHUNKS": 4, "MULTI_MAXNREG": 80},
+    "w4c4nreg96": {**W8, "MULTI_WARPS": 4, "MULTI_CHUNKS": 4, "MULTI_MAXNREG": 96},
+    "row": {},  # the row path at the table's entry (ROW_PATH)
 }
+ROW_PATH = {"row"}  # variants run with path="row"; every other one with path="multi"
 SHAPES = ((256, 131072), (64, 131072), (1, 131072))
+
+
+def _shapes(text: str) -> list[tuple[int, int]]:
+    return [tuple(int(v) for v in item.split("x")) for item in text.split(",")]
+
+
+def _path(name: str) -> str:
+    return "row" if name in ROW_PATH else "multi"
 
 
 def main(argv=None) -> None:
@@ -73,6 +89,7 @@ def main(argv=None) -> None:
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--topks", default="2048,512")
     p.add_argument("--old", help="an earlier kernels/topk.py, timed as variant 'old'")
+    p.add_argument("--shapes", type=_shapes, default=list(SHAPES), help="rows x length list")
     args = p.parse_args(argv)
     modules = {}
     if args.old:
@@ -88,14 +105,14 @@ def main(argv=None) -> None:
     if unknown:
         p.error(f"--variants: unknown {unknown}; expected names from {sorted(VARIANTS)}")
     path = os.path.join(args.out, "topk_occupancy.jsonl")
-    for rows, length in SHAPES:
+    for rows, length in args.shapes:
         for k in [int(v) for v in args.topks.split(",")]:
             checked = {}
             for name in names:
                 bt.topk = modules.get(name, topk)  # check_page_case calls bt.topk
                 try:
                     ok, why = bt.check_page_case(rows, length, k, device, config=configs[name],
-                                                 path="multi")  # fmt: skip
+                                                 path=_path(name))  # fmt: skip
                 except ValueError as e:  # a variant the launcher refuses: noted, not timed
                     why = f"refused: {e}"
                 checked[name] = why
@@ -107,7 +124,7 @@ def main(argv=None) -> None:
                 mod, cfg = modules.get(name, topk), configs[name]
                 return bt.Rotating(
                     lambda s, lens, t: mod.topk_page_transform(
-                        s, k, lens, t, bt.PAGE_SIZE, config=cfg, path="multi"
+                        s, k, lens, t, bt.PAGE_SIZE, config=cfg, path=_path(name)
                     ),
                     sets,
                 )
