@@ -10,8 +10,9 @@ rows below M) and the 4-byte inline-PTX decode in both MXFP4 GEMMs (`--old-decod
     PYTHONPATH=. python benchmarks/experiments/skinny_split.py --out $OUT          # ~2 min, H100
     PYTHONPATH=. python benchmarks/experiments/skinny_split.py --old --out $OUT    # table only
     PYTHONPATH=. python benchmarks/experiments/skinny_split.py --table-only --out $OUT
-    PYTHONPATH=. python benchmarks/experiments/skinny_split.py --confirm --out $OUT  # the 3 grid
-        # points that once beat the table, each against its entry, alternating, 4 rounds
+    PYTHONPATH=. python benchmarks/experiments/skinny_split.py --confirm [m32] --out $OUT
+        # the 3 grid points (run 1's, or m32: the M = 32 A16WFP4 grid's) that once beat the
+        # table, each against its entry, alternating, 4 rounds
 
 Compiles run first in worker processes (they fill Triton's cache); timings then run in this one.
 Rows go to skinny_split[_old|_old_decode].jsonl as they come (a run cut short keeps what it
@@ -150,13 +151,22 @@ CONFIRM = [
     ("afp4wfp4", 1, 3072, 1536, {**_SWAP_64_256, "BLOCK_M": 16, "SPLIT_K": 6, "num_stages": 4}),
     ("afp4wfp4", 32, 3072, 1536, {**_SWAP_64_256, "BLOCK_M": 32, "SPLIT_K": 6, "num_stages": 4}),
 ]
+# --confirm m32: the grid points of the 2026-12-05 fourth-session M = 32 A16WFP4 grid (run 5)
+# that beat the entries of the final code.
+CONFIRM_M32 = [
+    ("a16wfp4", 32, 7168, 2048, {**_SWAP_64_256, "BLOCK_M": 32, "SPLIT_K": 8, "num_stages": 4}),
+    ("a16wfp4", 32, 3072, 1536, {**_SWAP_64_256, "BLOCK_M": 32, "SPLIT_K": 6, "num_stages": 4}),
+    ("a16wfp4", 32, 2112, 7168, {**_SWAP_64_256, "BLOCK_M": 32, "BLOCK_K": 128, "SPLIT_K": 8,
+                                 "num_stages": 4}),
+]
+CONFIRM_SETS = {"run1": CONFIRM, "m32": CONFIRM_M32}
 
 
-def confirm(out_dir: str, rounds: int = 4) -> None:
+def confirm(out_dir: str, candidates=CONFIRM, rounds: int = 4) -> None:
     """Each CONFIRM candidate against the table's entry (None), `rounds` times each, alternating,
     every call checked against the reference."""
     rows = []
-    for case, m, n, k, candidate in CONFIRM:
+    for case, m, n, k, candidate in candidates:
         made = {
             name: _make(case, m, n, k, cfg, check=True)[0]
             for name, cfg in (("candidate", candidate), ("table", None))
@@ -179,14 +189,14 @@ def main(argv=None) -> None:
     p.add_argument("--m", default="1,32")
     p.add_argument("--workers", type=int, default=12)
     p.add_argument("--budget-s", type=float, default=480.0)
-    p.add_argument("--confirm", action="store_true")
+    p.add_argument("--confirm", nargs="?", const="run1", choices=sorted(CONFIRM_SETS))
     p.add_argument("--table-only", action="store_true", help="only the table entries (as --old)")
     p.add_argument("--old-decode", action="store_true", help="--old for the decode only")
     args = p.parse_args(argv)
     t0 = time.time()
     if args.confirm:
         os.makedirs(args.out, exist_ok=True)
-        confirm(args.out)
+        confirm(args.out, CONFIRM_SETS[args.confirm])
         return
     if args.old_decode:
         args.old = "decode"
