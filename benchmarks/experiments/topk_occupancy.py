@@ -18,8 +18,8 @@ reference, ties at many ranks; a variant the launcher refuses is noted and not t
 - pairs, nreg64s4p: w16 with the sample's and the finishing select's bisections two bits a
   count;
 - w8c4nreg80, w4c4nreg96: 8K-score segments (rows of 8K-32K);
-- row: the row path (one program per row) at the table's entry, for the shapes where the table
-  sends rows there (more than MULTI_MAX_ROWS rows).
+- row: the row path (one program per row) at the table's entry, the path that many rows took
+  before the 2026-12-05 runs 6-8 moved them to the multi path.
 
     PYTHONPATH=. python benchmarks/experiments/topk_occupancy.py [--out DIR] [--rounds 2]
         [--old FILE.py]  # also "old": the table's entry with kernels/topk.py as in FILE.py

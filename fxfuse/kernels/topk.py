@@ -949,7 +949,8 @@ def _collect_segment(
             pos = base + tl.cumsum(count, 0) - count
             deepest = tl.max(count, 0)
             # A for loop (not a while): the layout pass then keeps a copy of pos in the stores'
-            # layout instead of converting the store pointers every step.
+            # layout instead of converting the store pointers every step (the sm90 TTGIR of
+            # triton 3.9 here).
             for _ in range(0, deepest):
                 low = found & (0 - found)  # the lowest candidate bit left (0: none)
                 # log2 of a power of two: its float's exponent
@@ -1177,9 +1178,8 @@ KERNEL_NAME = "topk"
 CONFIG_FIELDS = ("BLOCK", "RADIX_BITS", "PROGRAMS_PER_SM", "num_warps", "TILE_MAX")
 # The multi-program path: when it is taken (MIN_LENGTH, MIN_ELEMENTS = rows · length, MAX_ROWS:
 # beyond it the row path takes the rows; sm90 sets no limit since the multi path won at every row
-# count measured), its chunk (MULTI_ROWS x
-# MULTI_BLOCK scores, MULTI_BLOCK strided groups), chunks per segment, candidate capacity, sample
-# size and warps.
+# count measured), its chunk (MULTI_ROWS x MULTI_BLOCK scores, MULTI_BLOCK strided groups),
+# chunks per segment, candidate capacity, sample size and warps.
 MULTI_FIELDS = (
     "MULTI_MIN_LENGTH", "MULTI_MIN_ELEMENTS", "MULTI_MAX_ROWS", "MULTI_BLOCK", "MULTI_ROWS",
     "MULTI_CHUNKS", "MULTI_CAP", "MULTI_SAMPLE", "MULTI_WARPS", "MULTI_MAXNREG",
