@@ -19,7 +19,8 @@ reference, ties at many ranks; a variant the launcher refuses is noted and not t
   count;
 - w8c4nreg80, w4c4nreg96: 8K-score segments (rows of 8K-32K);
 - row: the row path (one program per row) at the table's entry, the path that many rows took
-  before the 2026-12-05 runs 6-8 moved them to the multi path.
+  before the 2026-12-05 runs 6-8 moved them to the multi path;
+- sw16 / smp4096: the table's entry with the sample estimate at 16 warps / from 4096 scores.
 
     PYTHONPATH=. python benchmarks/experiments/topk_occupancy.py [--out DIR] [--rounds 2]
         [--old FILE.py]  # also "old": the table's entry with kernels/topk.py as in FILE.py
@@ -69,6 +70,9 @@ VARIANTS = {
     "w8c4nreg80": {**W8, "MULTI_CHUNKS": 4, "MULTI_MAXNREG": 80},
     "w4c4nreg96": {**W8, "MULTI_WARPS": 4, "MULTI_CHUNKS": 4, "MULTI_MAXNREG": 96},
     "row": {},  # the row path at the table's entry (ROW_PATH)
+    # the table's entry with the sample estimate at 16 warps, or from 4096 scores
+    "sw16": {"MULTI_SAMPLE_WARPS": 16},
+    "smp4096": {"MULTI_SAMPLE": 4096},
 }
 ROW_PATH = {"row"}  # variants run with path="row"; every other one with path="multi"
 SHAPES = ((256, 131072), (64, 131072), (1, 131072))
