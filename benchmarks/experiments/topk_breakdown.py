@@ -1,8 +1,9 @@
 """Where a top-k page transform call spends its device time, kernel by kernel (issue 5).
 
 Runs the launch table's path (or --path) on bench_topk's page inputs, rotated past L2, under
-torch.profiler, and prints each kernel's mean device time per call (kernels launched eagerly:
-the gaps between them are not counted, so the sum is below a CUDA-graph timing of the call).
+torch.profiler (`topk_probe.kernel_times`), and prints each kernel's mean device time per call
+(kernels launched eagerly: the gaps between them are not counted, so the sum is below a
+CUDA-graph timing of the call).
 
     PYTHONPATH=. python benchmarks/experiments/topk_breakdown.py [--out DIR]
         [--shapes 256x131072,64x131072] [--topks 2048,512] [--calls 20] [--config '{"K": v}']
@@ -14,14 +15,13 @@ import argparse
 import json
 import os
 import sys
-from collections import defaultdict
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import bench_topk as bt  # noqa: E402
+from topk_probe import kernel_times  # noqa: E402
 
 from fxfuse.kernels import topk  # noqa: E402
 
@@ -39,21 +39,11 @@ def breakdown(rows, length, k, calls, config, path, device) -> dict:
         ),
         sets,
     )
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    per_kernel = defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            per_kernel[event.name[:60]] += event.device_time / calls
+    per_kernel = kernel_times(fn, calls)
     total = sum(per_kernel.values())
     return {
         "rows": rows, "length": length, "k": k, "path": path, "config": config,
-        "kernels_us": {n: round(v, 2) for n, v in sorted(per_kernel.items(), key=lambda x: -x[1])},
+        "kernels_us": dict(sorted(per_kernel.items(), key=lambda x: -x[1])),
         "sum_us": round(total, 2), "graph_us": round(bt.time_us(fn, graph=True), 2),
     }  # fmt: skip
 
