@@ -48,8 +48,9 @@ row_starts; dispatch by the launch table's MULTI_MIN_LENGTH / MULTI_MIN_ELEMENTS
 score once in the common case, spread over one program per (row, segment):
 0. Sample (one program per row): MULTI_SAMPLE scores in evenly spaced runs of 16; the estimate
    is the rank-r key of the sample with r = 1.5 k · sample / n (>= sample / 128), the exact
-   k-th key when the row fits the sample. About 1.5 k of the row's keys reach it.
-1. MULTI_FIRST (one program per segment of MULTI_ROWS x MULTI_BLOCK x MULTI_CHUNKS scores):
+   k-th key when the row fits the sample. About 1.5 k of the row's keys reach it. The program
+   also zeroes the row's other state words.
+1. Collect (one program per segment of MULTI_ROWS x MULTI_BLOCK x MULTI_CHUNKS scores):
    stream the segment once, each column's candidates (keys >= the estimate, tested on the
    floats) kept as a bit mask in registers, then their indices placed in the row's candidate
    area (one atomic per segment reserves the slots; `_collect_segment`), and the maxima of the
@@ -58,15 +59,13 @@ score once in the common case, spread over one program per (row, segment):
    candidates -> exact select (their scores reloaded by index and made keys, a bisection from
    below the bits the estimate shares with the largest key, then over the index bits among the
    k-th key's ties) and the epilogue.
-   Otherwise the estimate missed: it stores the bound = the k-th largest group maximum (at
-   least k groups, hence k scores, reach it: BLOCK >= k makes >= k groups non-empty) and
-   flags the row.
-2. MULTI_RETRY (always launched, one program per row; unflagged rows return at once): a
-   flagged row's program collects the keys >= the bound (for iid scores ~1.1-1.2 k) segment
-   after segment and finishes the same way; more than CAP (a constant row, scores equal in
-   most of their bits) takes the row path's exact one-program stream + select over the whole
-   row. Rows no longer than k take that machinery in MULTI_FIRST (identity, or sorted, then
-   padding).
+   Otherwise the estimate missed: the bound is the k-th largest group maximum (at least k
+   groups, hence k scores, reach it: BLOCK >= k makes >= k groups non-empty) and the program
+   retries the row itself (no second launch): it collects the keys >= the bound (for iid
+   scores ~1.1-1.2 k) segment after segment and finishes the same way; more than CAP (a
+   constant row, scores equal in most of their bits) takes the row path's exact one-program
+   stream + select over the whole row. Rows no longer than k take that machinery at once
+   (identity, or sorted, then padding).
 Occupancy decides this path's speed more than its instruction count: at one 16-warp program
 per SM (128 registers a thread) a row's finishing select idles its SM, so the sm90 table runs
 8-warp programs under Triton's maxnreg (MULTI_MAXNREG), three per SM (docs/benchmarks.md).
@@ -74,8 +73,8 @@ Why not an exact histogram of the top 11 bits in a first pass: tl.histogram lowe
 ballots plus one popcount per bin per 32 lanes, ~8 warp instructions per score for 2048 bins
 (~250 us at 256 x 128K), and two full reads are 64 us at 4.25 TB/s, the bar itself. Row groups
 for L2 reuse are unneeded while one read suffices; rows are launched in groups only to bound
-the scratch (MULTI_SCRATCH_BYTES). Per-row state is zeroed by the launcher each call, so
-CUDA-graph replays start clean; no host sync on data.
+the scratch (MULTI_SCRATCH_BYTES). Per-row state is zeroed each call (by the sample kernel,
+or the launcher without an estimate), so CUDA-graph replays start clean; no host sync on data.
 
 Layouts: scores (R, L) any strides; lengths / row_starts / row_to_batch / positions (R,) or
 (Q,) int32 / int64; page_table (B, P) int32 / int64, any strides. Outputs int32 (R, k), block
@@ -125,15 +124,13 @@ INDEX_MASK = tl.constexpr(0x7FFFFFFF)  # tie passes rank by INDEX_MASK - index: 
 INDEX_BITS = tl.constexpr(31)
 
 # The multi-program path (module docstring, "Many long rows").
-MULTI_FIRST = tl.constexpr(0)      # every segment streamed once: candidates >= the sample estimate
-MULTI_RETRY = tl.constexpr(1)      # rows whose estimate failed: candidates >= the group-max bound
-# Per-row state words (int32, zeroed by the launcher each call).
+# Per-row state words (int32, zeroed each call).
 ST_ESTIMATE = tl.constexpr(0)      # the sample estimate (a key)
-ST_COUNT = tl.constexpr(1)         # candidates appended in MULTI_FIRST
-ST_TICKET = tl.constexpr(2)        # segments of MULTI_FIRST done
-ST_BOUND = tl.constexpr(3)         # the group-max bound (a key) for MULTI_RETRY
-ST_RETRY = tl.constexpr(4)         # 1: the row takes MULTI_RETRY
-ST_RETRY_COUNT = tl.constexpr(5)
+ST_COUNT = tl.constexpr(1)         # candidates >= the estimate, over the row's segments
+ST_TICKET = tl.constexpr(2)        # segments done
+ST_BOUND = tl.constexpr(3)         # the group-max bound (a key) of a retried row
+ST_RETRY = tl.constexpr(4)         # 1: the estimate missed and the row was retried
+ST_RETRY_COUNT = tl.constexpr(5)   # candidates >= the bound
 STATE_WORDS = tl.constexpr(8)
 SELECT_BITS = tl.constexpr(5)      # 32-bin histograms: the fewest ballots per resolved bit
 # The register-tile select (`_take_top`): its descent to the k-th key.
@@ -1014,13 +1011,14 @@ def _topk_sample_kernel(
     SELECT: tl.constexpr, PAIRS: tl.constexpr,
 ):
     """Per row: the estimate, a key whose count in the row should be ~1.5 k (exact when the
-    whole row fits the sample). SELECT: the descent to the sample's rank-r key, radix
-    histograms, or a bisection (two bits a count with PAIRS) that stops at ESTIMATE_LOW_BIT on
-    sampled rows (the estimate
-    need not be exact, only a key that r sampled keys reach)."""
+    whole row fits the sample), stored with the row's other state words zeroed. SELECT: the
+    descent to the sample's rank-r key, radix histograms, or a bisection (two bits a count with
+    PAIRS) that stops at ESTIMATE_LOW_BIT on sampled rows (the estimate need not be exact, only
+    a key that r sampled keys reach)."""
     row = row_base + tl.program_id(0)
     row64 = row.to(tl.int64)
     n, start = _row_window(row, length, lengths_ptr, starts_ptr, LENGTHS, HAS_STARTS)
+    edge = tl.full((), 0, tl.uint32)
     if n > k:
         offs = tl.arange(0, SAMPLE)
         if n <= SAMPLE:
@@ -1043,7 +1041,48 @@ def _topk_sample_kernel(
         else:
             prefix, s, _, _ = _radix_edge(key, valid, rank, 32, RADIX_BITS)
             edge = prefix << s
-        tl.store(state_ptr + row64 * STATE_WORDS + ST_ESTIMATE, edge.to(tl.int32, bitcast=True))
+    # The row's whole state: the estimate, every counter 0 (no separate zeroing launch).
+    words = tl.arange(0, STATE_WORDS)
+    tl.store(state_ptr + row64 * STATE_WORDS + words,
+             tl.where(words == ST_ESTIMATE, edge.to(tl.int32, bitcast=True), 0))
+
+
+# stride_sl specialized: a unit stride makes `_collect_segment`'s unmasked loads 16-byte vectors.
+@triton.jit
+def _retry_row(
+    scores_ptr, row_off, stride_sl, n, n_segments, k, lo, state, keys_ptr, idx_ptr, gmax_ptr,
+    area, idx_bits,
+    SEGMENT: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
+    K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
+    SELECT: tl.constexpr, PAIRS: tl.constexpr,
+):
+    """A row whose estimate missed, in the program that found it out: the keys >= lo (the
+    group-max bound) collected segment after segment, then the exact select; more than CAP of
+    them (a constant row, scores equal in most bits) take the row path's exact one-program
+    stream + select over the whole row. Returns (the selected slots' offset, how many)."""
+    for s in range(0, n_segments):
+        s_start = s * SEGMENT
+        _collect_segment(
+            scores_ptr, row_off + tl.cast(s_start, tl.int64) * stride_sl, stride_sl,
+            tl.minimum(n - s_start, SEGMENT), s_start, lo, idx_ptr, area,
+            state + ST_RETRY_COUNT, gmax_ptr, 0,
+            True, False, ROWS, BLOCK, CAP,
+        )  # fmt: skip
+    tl.debug_barrier()  # every thread's candidates stored before the select reads them
+    m = tl.atomic_add(state + ST_RETRY_COUNT, 0, sem="acquire")
+    out_slots = area + CAP
+    n_sel = k
+    if (m >= k) & (m <= CAP):
+        _select_candidates(
+            scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, area, m, k, area + CAP,
+            idx_bits, lo, CAP, RADIX_BITS, SELECT, PAIRS,
+        )
+    else:
+        out_slots, n_sel = _whole_row(
+            scores_ptr, row_off, stride_sl, n, keys_ptr, idx_ptr, area, k, K_PAD,
+            FB_BLOCK, RADIX_BITS,
+        )
+    return out_slots, n_sel
 
 
 # stride_sl specialized: a unit stride makes `_collect_segment`'s unmasked loads 16-byte vectors.
@@ -1057,7 +1096,7 @@ def _topk_multi_kernel(
     # strides, in elements
     stride_sr, stride_sl, stride_or, stride_ptb, stride_ptp,
     # switches
-    STAGE: tl.constexpr, LENGTHS: tl.constexpr, HAS_STARTS: tl.constexpr,
+    LENGTHS: tl.constexpr, HAS_STARTS: tl.constexpr,
     HAS_ROW_TO_BATCH: tl.constexpr, EPILOGUE: tl.constexpr, SORT: tl.constexpr,
     LOG2_PAGE: tl.constexpr, ESTIMATE: tl.constexpr,
     # meta-parameters
@@ -1065,16 +1104,12 @@ def _topk_multi_kernel(
     AREA: tl.constexpr, K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
     SELECT: tl.constexpr, PAIRS: tl.constexpr,
 ):
-    """MULTI_FIRST: one program per (row of this group, segment); MULTI_RETRY: one program per
-    row, walking its segments (see the module docstring)."""
+    """One program per (row of this group, segment); the row's last segment to finish
+    finishes the row (see the module docstring)."""
     SEGMENT: tl.constexpr = ROWS * BLOCK * CHUNKS
     pid = tl.program_id(0)
-    if STAGE == MULTI_FIRST:
-        local = pid // num_segments  # the row's slot in this group's scratch
-        seg = pid % num_segments
-    else:
-        local = pid
-        seg = 0
+    local = pid // num_segments  # the row's slot in this group's scratch
+    seg = pid % num_segments
     row = row_base + local
     row64 = row.to(tl.int64)
     state = state_ptr + row64 * STATE_WORDS
@@ -1086,82 +1121,53 @@ def _topk_multi_kernel(
     row_off = row64 * stride_sr + tl.cast(start, tl.int64) * stride_sl
     seg_off = row_off + tl.cast(seg_start, tl.int64) * stride_sl
     n_seg = tl.minimum(n - seg_start, SEGMENT)
-    if STAGE == MULTI_FIRST:
-        if n <= k:
-            if seg == 0:  # the whole row is the set: identity (or sorted) then padding
-                out_slots, n_sel = _whole_row(
-                    scores_ptr, row_off, stride_sl, n, keys_ptr, idx_ptr, area, k, K_PAD,
-                    FB_BLOCK, RADIX_BITS,
-                )
-                _emit(
-                    keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, out_ptr,
-                    page_table_ptr, row_to_batch_ptr, pt_cols, stride_or, stride_ptb,
-                    stride_ptp, EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, K_PAD,
-                )
-        elif seg_start < n:
-            lo = tl.full((), 0xFFFFFFFF, tl.uint32)  # above every key: nothing collected
-            if ESTIMATE:
-                lo = tl.load(state + ST_ESTIMATE).to(tl.uint32, bitcast=True)
-            _collect_segment(
-                scores_ptr, seg_off, stride_sl, n_seg, seg_start, lo, idx_ptr, area,
-                state + ST_COUNT, gmax_ptr, gmax_row + seg * BLOCK,
-                ESTIMATE, True, ROWS, BLOCK, CAP,
+    if n <= k:
+        if seg == 0:  # the whole row is the set: identity (or sorted) then padding
+            out_slots, n_sel = _whole_row(
+                scores_ptr, row_off, stride_sl, n, keys_ptr, idx_ptr, area, k, K_PAD,
+                FB_BLOCK, RADIX_BITS,
             )
-            # Every thread's stores land before the ticket (release); the last segment to
-            # finish sees them all (acquire) and finishes the row.
-            tl.debug_barrier()
-            ticket = tl.atomic_add(state + ST_TICKET, 1, sem="acq_rel")
-            if ticket == n_segments - 1:
-                m = tl.atomic_add(state + ST_COUNT, 0, sem="acquire")
-                if (m >= k) & (m <= CAP):
-                    _select_candidates(
-                        scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, area, m, k,
-                        area + CAP, idx_bits, lo, CAP, RADIX_BITS, SELECT, PAIRS,
-                    )
-                    _emit(
-                        keys_ptr, idx_ptr, area + CAP, k, k, pad, row, row64, out_ptr,
-                        page_table_ptr, row_to_batch_ptr, pt_cols, stride_or, stride_ptb,
-                        stride_ptp, EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, K_PAD,
-                    )
-                else:
-                    # The estimate missed (fewer than k above it, or more than CAP): at least
-                    # k groups have a maximum >= the k-th largest group maximum, so at least
-                    # k scores do; MULTI_RETRY collects those.
-                    bound = _radix_edge_global(
-                        gmax_ptr, gmax_row, n_segments * BLOCK, k, BLOCK, RADIX_BITS
-                    )
-                    tl.store(state + ST_BOUND, bound.to(tl.int32, bitcast=True))
-                    tl.store(state + ST_RETRY, 1)
-    else:
-        # A flagged row (rare: the estimate missed) is collected by one program, segment after
-        # segment; the others return at once (a 1024-program retry grid of the 16-warp kernel
-        # took 7.2 us of ncu time at 256 x 128K doing nothing).
-        retry = tl.load(state + ST_RETRY)
-        if retry != 0:
-            lo = tl.load(state + ST_BOUND).to(tl.uint32, bitcast=True)
-            for s in range(0, n_segments):
-                s_start = s * SEGMENT
-                _collect_segment(
-                    scores_ptr, row_off + tl.cast(s_start, tl.int64) * stride_sl, stride_sl,
-                    tl.minimum(n - s_start, SEGMENT), s_start, lo, idx_ptr, area,
-                    state + ST_RETRY_COUNT, gmax_ptr, 0,
-                    True, False, ROWS, BLOCK, CAP,
-                )  # fmt: skip
-            tl.debug_barrier()  # every thread's candidates stored before the select reads them
-            m = tl.atomic_add(state + ST_RETRY_COUNT, 0, sem="acquire")
+            _emit(
+                keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, out_ptr,
+                page_table_ptr, row_to_batch_ptr, pt_cols, stride_or, stride_ptb,
+                stride_ptp, EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, K_PAD,
+            )
+    elif seg_start < n:
+        lo = tl.full((), 0xFFFFFFFF, tl.uint32)  # above every key: nothing collected
+        if ESTIMATE:
+            lo = tl.load(state + ST_ESTIMATE).to(tl.uint32, bitcast=True)
+        _collect_segment(
+            scores_ptr, seg_off, stride_sl, n_seg, seg_start, lo, idx_ptr, area,
+            state + ST_COUNT, gmax_ptr, gmax_row + seg * BLOCK,
+            ESTIMATE, True, ROWS, BLOCK, CAP,
+        )
+        # Every thread's stores land before the ticket (release); the last segment to
+        # finish sees them all (acquire) and finishes the row.
+        tl.debug_barrier()
+        ticket = tl.atomic_add(state + ST_TICKET, 1, sem="acq_rel")
+        if ticket == n_segments - 1:
+            m = tl.atomic_add(state + ST_COUNT, 0, sem="acquire")
+            out_slots = area + CAP
+            n_sel = k
             if (m >= k) & (m <= CAP):
                 _select_candidates(
-                    scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, area, m, k, area + CAP,
-                    idx_bits, lo, CAP, RADIX_BITS, SELECT, PAIRS,
+                    scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, area, m, k,
+                    area + CAP, idx_bits, lo, CAP, RADIX_BITS, SELECT, PAIRS,
                 )
-                out_slots = area + CAP
-                n_sel = k
             else:
-                # More than CAP keys reach the bound (a constant row, scores equal in most
-                # bits): the exact one-program machinery of the row path.
-                out_slots, n_sel = _whole_row(
-                    scores_ptr, row_off, stride_sl, n, keys_ptr, idx_ptr, area, k, K_PAD,
-                    FB_BLOCK, RADIX_BITS,
+                # The estimate missed (fewer than k above it, or more than CAP; rare): at
+                # least k groups have a maximum >= the k-th largest group maximum, so at least
+                # k scores do; this program collects those (no retry launch: a grid of
+                # programs that return at once cost 2-7 us).
+                bound = _radix_edge_global(
+                    gmax_ptr, gmax_row, n_segments * BLOCK, k, BLOCK, RADIX_BITS
+                )
+                tl.store(state + ST_BOUND, bound.to(tl.int32, bitcast=True))
+                tl.store(state + ST_RETRY, 1)  # for tests: which branch the row took
+                out_slots, n_sel = _retry_row(
+                    scores_ptr, row_off, stride_sl, n, n_segments, k, bound, state, keys_ptr,
+                    idx_ptr, gmax_ptr, area, idx_bits, SEGMENT, ROWS, BLOCK, CAP, K_PAD,
+                    FB_BLOCK, RADIX_BITS, SELECT, PAIRS,
                 )
             _emit(
                 keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, out_ptr,
@@ -1186,7 +1192,7 @@ MULTI_FIELDS = (
 )  # fmt: skip
 TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # Not in the table: chosen per call (SEGMENTS > 1 splits each row over that many programs;
-# MULTI_ESTIMATE 0 skips the sample estimate, every long row then takes MULTI_RETRY;
+# MULTI_ESTIMATE 0 skips the sample estimate, every long row is then retried;
 # MULTI_MAXNREG > 0 caps the multi-program kernel's registers per thread, as Triton's maxnreg;
 # MULTI_SAMPLE_WARPS > 0: the sample estimate's warps, else MULTI_WARPS; MULTI_BISECT_PAIRS 1:
 # the sample's and the finishing select's bisections resolve two bits a count).
@@ -1491,15 +1497,17 @@ def _launch_multi(
     scores, k, out, cfg, *, epilogue, sort, lengths, row_starts, pad, page_table, page_size,
     row_to_batch,
 ):  # fmt: skip
-    """The multi-program path: per group of rows, the sample estimate (one program per row),
-    MULTI_FIRST and MULTI_RETRY (one program per row and segment). No host sync: the retry
-    launch always runs and its programs return at once for rows already done. Returns the
-    per-row state (rows, STATE_WORDS) (tests read which branch each row took)."""
+    """The multi-program path: per group of rows, the sample estimate (one program per row)
+    and the collect kernel (one program per row and segment; a row whose estimate missed is
+    retried by its last segment's program). No host sync. Returns the per-row state (rows,
+    STATE_WORDS) (tests read which branch each row took)."""
     rows, length = scores.shape
     device = scores.device
     plan = _multi_plan(cfg, rows, length, k)
     group = plan["group"]
-    state = torch.zeros(rows * STATE_WORDS.value, dtype=torch.int32, device=device)
+    # The sample kernel writes every state word of its rows; without it they start at 0.
+    new_state = torch.empty if plan["estimate"] else torch.zeros
+    state = new_state(rows * STATE_WORDS.value, dtype=torch.int32, device=device)
     keys = torch.empty(group * plan["area"], dtype=torch.int32, device=device)
     idx = torch.empty(group * plan["area"], dtype=torch.int32, device=device)
     gmax = torch.empty(group * plan["gmax_row"], dtype=torch.int32, device=device)
@@ -1520,26 +1528,24 @@ def _launch_multi(
                 SELECT=cfg["TILE_SELECT"], PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]),
                 num_warps=plan["sample_warps"],
             )  # fmt: skip
-        for stage in (MULTI_FIRST.value, MULTI_RETRY.value):
-            programs = group_rows * (plan["segments"] if stage == MULTI_FIRST.value else 1)
-            launch(_topk_multi_kernel, (programs,),
-                scores, dummy if lengths is None else lengths,
-                dummy if row_starts is None else row_starts,
-                dummy if row_to_batch is None else row_to_batch,
-                dummy if page_table is None else page_table,
-                out, state, keys, idx, gmax,
-                length, k, pad, 0 if page_table is None else page_table.shape[1], row_base,
-                plan["segments"], idx_bits,
-                scores.stride(0), scores.stride(1), out.stride(0), page_strides[0],
-                page_strides[1],
-                STAGE=stage, LENGTHS=lengths_mode, HAS_STARTS=row_starts is not None,
-                HAS_ROW_TO_BATCH=row_to_batch is not None, EPILOGUE=epilogue, SORT=sort,
-                LOG2_PAGE=page_size.bit_length() - 1, ESTIMATE=plan["estimate"],
-                ROWS=plan["rows"], BLOCK=plan["block"], CHUNKS=plan["chunks"], CAP=plan["cap"],
-                AREA=plan["area"], K_PAD=plan["k_pad"], FB_BLOCK=FALLBACK_BLOCK.value,
-                RADIX_BITS=SELECT_BITS.value, SELECT=cfg["TILE_SELECT"],
-                PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]), num_warps=plan["warps"], **plan["launch"],
-            )  # fmt: skip
+        launch(_topk_multi_kernel, (group_rows * plan["segments"],),
+            scores, dummy if lengths is None else lengths,
+            dummy if row_starts is None else row_starts,
+            dummy if row_to_batch is None else row_to_batch,
+            dummy if page_table is None else page_table,
+            out, state, keys, idx, gmax,
+            length, k, pad, 0 if page_table is None else page_table.shape[1], row_base,
+            plan["segments"], idx_bits,
+            scores.stride(0), scores.stride(1), out.stride(0), page_strides[0],
+            page_strides[1],
+            LENGTHS=lengths_mode, HAS_STARTS=row_starts is not None,
+            HAS_ROW_TO_BATCH=row_to_batch is not None, EPILOGUE=epilogue, SORT=sort,
+            LOG2_PAGE=page_size.bit_length() - 1, ESTIMATE=plan["estimate"],
+            ROWS=plan["rows"], BLOCK=plan["block"], CHUNKS=plan["chunks"], CAP=plan["cap"],
+            AREA=plan["area"], K_PAD=plan["k_pad"], FB_BLOCK=FALLBACK_BLOCK.value,
+            RADIX_BITS=SELECT_BITS.value, SELECT=cfg["TILE_SELECT"],
+            PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]), num_warps=plan["warps"], **plan["launch"],
+        )  # fmt: skip
     return state.view(rows, STATE_WORDS.value)
 
 

@@ -23,7 +23,7 @@ GEOMETRIES = pytest.mark.parametrize("geometry", [MULTI, TILED], ids=["rows1", "
 
 
 def _retry_only(config: dict) -> dict:
-    """config without the sample estimate: every long row takes MULTI_RETRY."""
+    """config without the sample estimate: every long row is retried (the group-max bound)."""
     return {**config, "MULTI_ESTIMATE": 0}
 # A sample as large as the row: the estimate is the exact k-th key.
 WHOLE_SAMPLE = {**MULTI, "MULTI_SAMPLE": 512}
