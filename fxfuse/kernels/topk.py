@@ -139,9 +139,6 @@ SELECT_BISECT = tl.constexpr(1)    # one count per bit, stopping at an exact k
 # Sampled estimates by bisection resolve the key's bits down to this one: sign, exponent and 7
 # mantissa bits, a value within 1 % below the sample's rank-r score.
 ESTIMATE_LOW_BIT = tl.constexpr(16)
-# Counts of `_interpolate_edge` at most: smooth rows take 1-11 (CPU tests); ties (a row mostly
-# -inf or one value) bisect on, and their estimate overflows the candidates whatever it is.
-INTERPOLATE_STEPS = tl.constexpr(20)
 HALF_TILE_MIN = tl.constexpr(1024)  # masked rows take a half tile from this size on
 FALLBACK_BLOCK = tl.constexpr(1024)  # chunk of the whole-row fallback (the row path's machinery)
 SAMPLE_SECTOR = tl.constexpr(16)   # consecutive scores per sample position (one 64 B line of fp32)
@@ -996,73 +993,6 @@ def _whole_row(
     return out_slots, n_sel
 
 
-@triton.jit
-def _normal_tail_z(q):
-    """z with P(N(0, 1) >= z) ~ q, for a scalar q in (0, 1) (Abramowitz-Stegun 26.2.23, error
-    < 5e-4: a first guess only)."""
-    p = tl.minimum(q, 1.0 - q)
-    s = tl.sqrt(-2.0 * tl.log(p))
-    z = s - (2.515517 + 0.802853 * s + 0.010328 * s * s) / (
-        1.0 + 1.432788 * s + 0.189269 * s * s + 0.001308 * s * s * s)
-    return tl.where(q <= 0.5, z, -z)
-
-
-@triton.jit
-def _interpolate_edge(key, x, rank, SIZE: tl.constexpr, MAX_STEPS: tl.constexpr):
-    """A key t with rank <= #(key >= t) <= rank + rank / 16 (or the tightest t below that the
-    search reached: its count is always >= rank) for a sample tile of SIZE keys (every element
-    valid; x: the fp32 scores, NaN as -inf). Instead of a count per key bit: a first
-    guess from the sample's mean and deviation (a normal tail), then counts at points
-    interpolated between the bracket's ends in (score, log count), a bisection of the bracket's
-    keys whenever one end stays twice in a row or the scores at an end are not finite. Stops at
-    the window, at a bracket of one key (lo is then the rank-th key, tied), or after MAX_STEPS
-    counts. Unlike the bisecting estimate it has no precision floor, so rows whose scores differ
-    only in their low bits (a large common offset) still get a tight estimate. Returns (t, the
-    counts taken)."""
-    lo = tl.min(key, 0)  # every key reaches it: count = SIZE >= rank
-    hi = tl.max(key, 0) + 1  # none reaches it (keys stop at +inf's, far below 2**32 - 1)
-    c_lo = tl.full((), SIZE, tl.float32)
-    c_hi = tl.zeros((), tl.float32)
-    finite = (x > float("-inf")) & (x < float("inf"))
-    n_fin = tl.sum(finite.to(tl.int32), 0).to(tl.float32)
-    mean = tl.sum(tl.where(finite, x, 0.0), 0) / tl.maximum(n_fin, 1.0)
-    dev = tl.where(finite, x - mean, 0.0)
-    sd = tl.sqrt(tl.sum(dev * dev, 0) / tl.maximum(n_fin, 1.0))
-    want = rank.to(tl.float32) * (1.0 + 1.0 / 32.0)
-    guess = mean + sd * _normal_tail_z(tl.minimum(want / tl.maximum(n_fin, 1.0), 0.5))
-    top = rank + rank // 16
-    streak = tl.zeros((), tl.int32)  # > 0: lo moved that many times in a row; < 0: hi did
-    steps = tl.zeros((), tl.int32)
-    done = (hi - lo <= 1).to(tl.int32)
-    while (steps < MAX_STEPS) & (done == 0):
-        t = _ordered_key(guess, guess == guess)
-        mid = lo + (hi - lo) // 2
-        t = tl.where((t > lo) & (t < hi) & (guess == guess), t, mid)
-        c = tl.sum((key >= t).to(tl.int32), 0)
-        steps += 1
-        if c >= rank:
-            lo = t
-            c_lo = c.to(tl.float32)
-            streak = tl.maximum(streak, 0) + 1
-            done = (c <= top).to(tl.int32)
-        else:
-            hi = t
-            c_hi = c.to(tl.float32)
-            streak = tl.minimum(streak, 0) - 1
-        done = done | (hi - lo <= 1).to(tl.int32)
-        # The next point: interpolated in (score, log count), or the bracket's middle key.
-        x_lo = _key_float(lo)
-        x_hi = _key_float(hi)
-        l_lo = tl.log(c_lo)
-        l_hi = tl.log(tl.maximum(c_hi, 0.5))
-        guess = x_lo + (x_hi - x_lo) * ((l_lo - tl.log(want)) / (l_lo - l_hi))
-        interp = (streak < 2) & (streak > -2) & (tl.abs(x_lo) < float("inf")) \
-            & (tl.abs(x_hi) < float("inf"))
-        guess = tl.where(interp, guess, float("nan"))  # NaN: the middle key next
-        streak = tl.where(interp, streak, 0)
-    return lo, steps
-
-
 # ---------------------------------------------------------------------------------------------
 # multi-program path: kernels
 
@@ -1078,15 +1008,13 @@ def _topk_sample_kernel(
     # switches and meta-parameters
     LENGTHS: tl.constexpr, HAS_STARTS: tl.constexpr, SAMPLE: tl.constexpr,
     SECTOR: tl.constexpr, MIN_RANK: tl.constexpr, RADIX_BITS: tl.constexpr,
-    SELECT: tl.constexpr, PAIRS: tl.constexpr, INTERPOLATE: tl.constexpr,
+    SELECT: tl.constexpr, PAIRS: tl.constexpr,
 ):
     """Per row: the estimate, a key whose count in the row should be ~1.5 k (exact when the
     whole row fits the sample), stored with the row's other state words zeroed. SELECT: the
     descent to the sample's rank-r key, radix histograms, or a bisection (two bits a count with
     PAIRS) that stops at ESTIMATE_LOW_BIT on sampled rows (the estimate need not be exact, only
-    a key that r sampled keys reach). INTERPOLATE: sampled rows take `_interpolate_edge` (a key
-    that r to r + r / 16 sampled keys reach, in fewer counts for smooth score distributions)
-    instead of SELECT's descent."""
+    a key that r sampled keys reach)."""
     row = row_base + tl.program_id(0)
     row64 = row.to(tl.int64)
     n, start = _row_window(row, length, lengths_ptr, starts_ptr, LENGTHS, HAS_STARTS)
@@ -1107,14 +1035,7 @@ def _topk_sample_kernel(
         row_off = row64 * stride_sr + tl.cast(start, tl.int64) * stride_sl
         x = tl.load(scores_ptr + row_off + pos * stride_sl, mask=valid, other=0.0)
         key = _ordered_key(x, valid)
-        if INTERPOLATE:
-            if n <= SAMPLE:
-                edge, _ = _bisect_edge(key, n, rank, 31, 0, 0, PAIRS)
-            else:
-                xf = x.to(tl.float32)
-                xf = tl.where(xf == xf, xf, float("-inf"))
-                edge, _ = _interpolate_edge(key, xf, rank, SAMPLE, INTERPOLATE_STEPS)
-        elif SELECT == SELECT_BISECT:
+        if SELECT == SELECT_BISECT:
             low_bit = tl.where(n <= SAMPLE, 0, ESTIMATE_LOW_BIT)
             edge, _ = _bisect_edge(key, tl.minimum(n, SAMPLE), rank, 31, low_bit, 0, PAIRS)
         else:
@@ -1271,8 +1192,7 @@ MULTI_FIELDS = (
 )  # fmt: skip
 TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # Not in the table: chosen per call (SEGMENTS > 1 splits each row over that many programs;
-# MULTI_ESTIMATE 0 skips the sample estimate, every long row is then retried; 1: the sample's
-# rank-r key by TILE_SELECT's descent; ESTIMATE_INTERPOLATE: by `_interpolate_edge`;
+# MULTI_ESTIMATE 0 skips the sample estimate, every long row is then retried;
 # MULTI_MAXNREG > 0 caps the multi-program kernel's registers per thread, as Triton's maxnreg;
 # MULTI_SAMPLE_WARPS > 0: the sample estimate's warps, else MULTI_WARPS; MULTI_BISECT_PAIRS 1:
 # the sample's and the finishing select's bisections resolve two bits a count).
@@ -1293,7 +1213,6 @@ MAX_K = 2048
 MAX_TILE = 16384
 INDEX_DTYPES = (torch.int32, torch.int64)
 DEFAULT_TILE_SELECT = SELECT_BISECT.value
-ESTIMATE_INTERPOLATE = 2  # MULTI_ESTIMATE: the sample's edge by `_interpolate_edge`
 # The interpreter runs programs one after another: a small persistent grid suffices.
 CPU_PROGRAMS = 2
 
@@ -1385,8 +1304,7 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
         )
     check("MULTI_SAMPLE", lambda v: v >= 2 * SAMPLE_SECTOR.value and pow2(v),
           f"a power of 2 >= {2 * SAMPLE_SECTOR.value}")  # fmt: skip
-    check("MULTI_ESTIMATE", lambda v: v in (0, 1, ESTIMATE_INTERPOLATE),
-          f"0 (none), 1 (the sample's descent) or {ESTIMATE_INTERPOLATE} (interpolated)")
+    check("MULTI_ESTIMATE", lambda v: v in (0, 1), "0 or 1")
     check("MULTI_BISECT_PAIRS", lambda v: v in (0, 1), "0 or 1")
     check("MULTI_SAMPLE_WARPS", lambda v: v == 0 or v in launch_tables.NUM_WARPS,
           f"0 (MULTI_WARPS) or one of {launch_tables.NUM_WARPS}")  # fmt: skip
@@ -1608,7 +1526,6 @@ def _launch_multi(
                 SAMPLE=plan["sample"], SECTOR=SAMPLE_SECTOR.value,
                 MIN_RANK=max(1, plan["sample"] // 128), RADIX_BITS=SELECT_BITS.value,
                 SELECT=cfg["TILE_SELECT"], PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]),
-                INTERPOLATE=plan["estimate"] == ESTIMATE_INTERPOLATE,
                 num_warps=plan["sample_warps"],
             )  # fmt: skip
         launch(_topk_multi_kernel, (group_rows * plan["segments"],),
@@ -1623,7 +1540,7 @@ def _launch_multi(
             page_strides[1],
             LENGTHS=lengths_mode, HAS_STARTS=row_starts is not None,
             HAS_ROW_TO_BATCH=row_to_batch is not None, EPILOGUE=epilogue, SORT=sort,
-            LOG2_PAGE=page_size.bit_length() - 1, ESTIMATE=plan["estimate"] != 0,
+            LOG2_PAGE=page_size.bit_length() - 1, ESTIMATE=plan["estimate"],
             ROWS=plan["rows"], BLOCK=plan["block"], CHUNKS=plan["chunks"], CAP=plan["cap"],
             AREA=plan["area"], K_PAD=plan["k_pad"], FB_BLOCK=FALLBACK_BLOCK.value,
             RADIX_BITS=SELECT_BITS.value, SELECT=cfg["TILE_SELECT"],
