@@ -3,7 +3,7 @@
 Runs the launch table's path (or --path) on bench_topk's page inputs, rotated past L2, under
 torch.profiler (`topk_probe.kernel_times`), and prints each kernel's mean device time per call
 (kernels launched eagerly: the gaps between them are not counted, so the sum is below a
-CUDA-graph timing of the call).
+CUDA-graph timing of the call), and how many rows of each input set the multi path retried.
 
     PYTHONPATH=. python benchmarks/experiments/topk_breakdown.py [--out DIR]
         [--shapes 256x131072,64x131072] [--topks 2048,512] [--calls 20] [--config '{"K": v}']
@@ -41,10 +41,22 @@ def breakdown(rows, length, k, calls, config, path, device) -> dict:
     )
     per_kernel = kernel_times(fn, calls)
     total = sum(per_kernel.values())
+    # Rows whose estimate missed (retried in the collect kernel), over the input sets, read
+    # from the per-row state of an index call with the same scores and lengths.
+    retried = []
+    for s, lens, _ in sets:
+        out = torch.empty((rows, k), dtype=torch.int32, device=device)
+        state = topk._launch(
+            s, k, out, epilogue=topk.EPI_INDICES.value, sort=topk.SORT_NONE.value,
+            lengths=lens, row_starts=None, pad=-1, config=config, path=path,
+        )  # fmt: skip
+        if state is not None:
+            retried.append(int((state[:, topk.ST_RETRY.value] != 0).sum()))
     return {
         "rows": rows, "length": length, "k": k, "path": path, "config": config,
         "kernels_us": dict(sorted(per_kernel.items(), key=lambda x: -x[1])),
         "sum_us": round(total, 2), "graph_us": round(bt.time_us(fn, graph=True), 2),
+        "retried_rows": retried,
     }  # fmt: skip
 
 
