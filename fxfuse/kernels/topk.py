@@ -151,6 +151,12 @@ SAMPLE_SECTOR = tl.constexpr(16)   # consecutive scores per sample position (one
 @triton.jit
 def _ordered_key(x, valid):
     """uint32 key of each score (0 where not valid); see the module docstring."""
+    return tl.where(valid, _score_key(x), 0)
+
+
+@triton.jit
+def _score_key(x):
+    """uint32 key of each score, every one taking part; see the module docstring."""
     if x.dtype == tl.bfloat16:
         bits = x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16  # exact widening
     else:
@@ -159,8 +165,7 @@ def _ordered_key(x, valid):
     bits = tl.where(magnitude > 0x7F800000, 0xFF800000, bits)  # NaN -> -inf
     bits = tl.where(magnitude == 0, 0, bits)  # -0.0 -> +0.0
     # `^ 0xFFFFFFFF`, not `~`: the interpreter cannot invert a uint32.
-    key = tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
-    return tl.where(valid, key, 0)
+    return tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
 
 
 @triton.jit
@@ -997,6 +1002,19 @@ def _whole_row(
 # multi-program path: kernels
 
 
+@triton.jit
+def _sample_edge(key, valid, count, rank, low_bit, RADIX_BITS: tl.constexpr,
+                 SELECT: tl.constexpr, PAIRS: tl.constexpr):  # fmt: skip
+    """The rank-th largest of `count` valid keys (0 off them) by SELECT's descent; the
+    bisection stops at low_bit (that key with its lower bits cleared)."""
+    if SELECT == SELECT_BISECT:
+        edge, _ = _bisect_edge(key, count, rank, 31, low_bit, 0, PAIRS)
+    else:
+        prefix, s, _, _ = _radix_edge(key, valid, rank, 32, RADIX_BITS)
+        edge = prefix << s
+    return edge
+
+
 @triton.jit(do_not_specialize=["length", "row_base"])
 def _topk_sample_kernel(
     # pointers
@@ -1018,29 +1036,24 @@ def _topk_sample_kernel(
     row = row_base + tl.program_id(0)
     row64 = row.to(tl.int64)
     n, start = _row_window(row, length, lengths_ptr, starts_ptr, LENGTHS, HAS_STARTS)
+    row_off = row64 * stride_sr + tl.cast(start, tl.int64) * stride_sl
     edge = tl.full((), 0, tl.uint32)
-    if n > k:
-        offs = tl.arange(0, SAMPLE)
-        if n <= SAMPLE:
-            pos = offs
-            valid = offs < n
-            rank = k
-        else:
-            # SAMPLE / SECTOR runs of SECTOR consecutive scores, evenly spaced.
-            stride = n // (SAMPLE // SECTOR)
-            pos = (offs // SECTOR) * stride + offs % SECTOR
-            valid = offs < SAMPLE
-            rank = (3 * k * SAMPLE + 2 * n - 1) // (2 * n)  # 1.5 k scaled to the sample
-            rank = tl.minimum(tl.maximum(rank, MIN_RANK), SAMPLE)
-        row_off = row64 * stride_sr + tl.cast(start, tl.int64) * stride_sl
-        x = tl.load(scores_ptr + row_off + pos * stride_sl, mask=valid, other=0.0)
-        key = _ordered_key(x, valid)
-        if SELECT == SELECT_BISECT:
-            low_bit = tl.where(n <= SAMPLE, 0, ESTIMATE_LOW_BIT)
-            edge, _ = _bisect_edge(key, tl.minimum(n, SAMPLE), rank, 31, low_bit, 0, PAIRS)
-        else:
-            prefix, s, _, _ = _radix_edge(key, valid, rank, 32, RADIX_BITS)
-            edge = prefix << s
+    offs = tl.arange(0, SAMPLE)
+    if n > SAMPLE:
+        # SAMPLE / SECTOR runs of SECTOR consecutive scores, evenly spaced; no mask (a masked
+        # tile keeps its predicate in every count's compare).
+        stride = n // (SAMPLE // SECTOR)
+        pos = (offs // SECTOR) * stride + offs % SECTOR
+        rank = (3 * k * SAMPLE + 2 * n - 1) // (2 * n)  # 1.5 k scaled to the sample
+        rank = tl.minimum(tl.maximum(rank, MIN_RANK), SAMPLE)
+        key = _score_key(tl.load(scores_ptr + row_off + pos * stride_sl))
+        edge = _sample_edge(key, offs < SAMPLE, SAMPLE, rank, ESTIMATE_LOW_BIT, RADIX_BITS,
+                            SELECT, PAIRS)  # fmt: skip
+    elif n > k:
+        # The whole row: the exact k-th key.
+        valid = offs < n
+        key = _ordered_key(tl.load(scores_ptr + row_off + offs * stride_sl, mask=valid), valid)
+        edge = _sample_edge(key, valid, n, k, 0, RADIX_BITS, SELECT, PAIRS)
     # The row's whole state: the estimate, every counter 0 (no separate zeroing launch).
     words = tl.arange(0, STATE_WORDS)
     tl.store(state_ptr + row64 * STATE_WORDS + words,
