@@ -20,7 +20,10 @@ reference, ties at many ranks; a variant the launcher refuses is noted and not t
 - w8c4nreg80, w4c4nreg96: 8K-score segments (rows of 8K-32K);
 - row: the row path (one program per row) at the table's entry, the path that many rows took
   before the 2026-12-05 runs 6-8 moved them to the multi path;
-- sw16 / smp4096: the table's entry with the sample estimate at 16 warps / from 4096 scores.
+- sw16 / smp4096: the table's entry with the sample estimate at 16 warps / from 4096 scores;
+- r2, r2nreg96, b4096nreg80: 16 scores a thread a stream step instead of 8 (two-row chunks, or
+  4096-score chunks), the same 32K-score segments; pf2: the table's entry with two chunks'
+  loads in flight (MULTI_PREFETCH 2).
 
     PYTHONPATH=. python benchmarks/experiments/topk_occupancy.py [--out DIR] [--rounds 2]
         [--old FILE.py]  # also "old": the table's entry with kernels/topk.py as in FILE.py
@@ -73,6 +76,12 @@ VARIANTS = {
     # the table's entry with the sample estimate at 16 warps, or from 4096 scores
     "sw16": {"MULTI_SAMPLE_WARPS": 16},
     "smp4096": {"MULTI_SAMPLE": 4096},
+    # more bytes in flight a stream step (ncu, 2026-12-06: 63 % of the multi kernel's stall
+    # samples wait on the stream's loads, one chunk of prefetch, 8 scores a thread)
+    "r2": {**W8, "MULTI_ROWS": 2, "MULTI_CHUNKS": 8, "MULTI_MAXNREG": 80},
+    "r2nreg96": {**W8, "MULTI_ROWS": 2, "MULTI_CHUNKS": 8, "MULTI_MAXNREG": 96},
+    "b4096nreg80": {**W8, "MULTI_BLOCK": 4096, "MULTI_CHUNKS": 8, "MULTI_MAXNREG": 80},
+    "pf2": {"MULTI_PREFETCH": 2},  # the table's entry, two chunks' loads in flight
 }
 ROW_PATH = {"row"}  # variants run with path="row"; every other one with path="multi"
 SHAPES = ((256, 131072), (64, 131072), (1, 131072))

@@ -853,14 +853,15 @@ def _popcount(v):
 def _stream_columns(
     scores_ptr, row_off, stride_sl, n_seg, lo_f, take_all, offs0, rows,
     MASKED: tl.constexpr, COLLECT: tl.constexpr, GROUP_MAX: tl.constexpr, BLOCK: tl.constexpr,
-    CHUNK: tl.constexpr, ROWS: tl.constexpr,
+    CHUNK: tl.constexpr, ROWS: tl.constexpr, PREFETCH: tl.constexpr = 1,
 ):
     """The streaming loop of `_collect_segment`: per column the candidate bit mask and the fp32
     group maximum (-inf if none; NaN scores are skipped: they rank as -inf). MASKED: n_seg is
     not a whole number of chunks (the loads are masked; else none is and, with a unit stride,
-    they are vectorized). The next chunk's load is issued before the current one is processed;
-    unmasked, the last step reloads the last chunk (an L1 / L2 hit) instead of reading past the
-    segment."""
+    they are vectorized). The next chunk's load is issued before the current one is processed
+    (unmasked with PREFETCH 2: the next two chunks', twice the bytes in flight a thread: the
+    stream waits on DRAM latency, not bandwidth, at one chunk); unmasked, the last steps reload
+    the last chunk (an L1 / L2 hit) instead of reading past the segment."""
     gmax = tl.full((BLOCK,), float("-inf"), tl.float32)
     found = tl.zeros((BLOCK,), tl.uint32)  # bit c·ROWS + r: [r, j] of chunk c is a candidate
     if MASKED:
@@ -869,6 +870,11 @@ def _stream_columns(
     else:
         x_next = tl.load(scores_ptr + row_off + offs0 * stride_sl)
     last = n_seg - CHUNK  # unmasked: the last chunk's first score
+    x_after = x_next
+    if PREFETCH == 2:
+        if not MASKED:
+            after = tl.multiple_of(tl.minimum(CHUNK, last), CHUNK)
+            x_after = tl.load(scores_ptr + row_off + (after + offs0) * stride_sl)
     start = 0
     shift = 0
     while start < n_seg:
@@ -877,6 +883,10 @@ def _stream_columns(
             offs_next = start + CHUNK + offs0
             x_next = tl.load(scores_ptr + row_off + offs_next * stride_sl, mask=offs_next < n_seg,
                              other=float("-inf"))  # fmt: skip
+        elif PREFETCH == 2:
+            x_next = x_after
+            nxt = tl.multiple_of(tl.minimum(start + 2 * CHUNK, last), CHUNK)
+            x_after = tl.load(scores_ptr + row_off + (nxt + offs0) * stride_sl)
         else:
             nxt = tl.multiple_of(tl.minimum(start + CHUNK, last), CHUNK)
             x_next = tl.load(scores_ptr + row_off + (nxt + offs0) * stride_sl)
@@ -898,7 +908,7 @@ def _collect_segment(
     scores_ptr, row_off, stride_sl, n_seg, seg_start, lo, idx_ptr, area, count_ptr, gmax_ptr,
     gmax_at,
     COLLECT: tl.constexpr, GROUP_MAX: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-    CAP: tl.constexpr,
+    CAP: tl.constexpr, PREFETCH: tl.constexpr = 1,
 ):
     """Stream one segment (n_seg <= 32 x BLOCK scores from row_off) once, ROWS x BLOCK scores a
     chunk: append the indices of the keys >= lo to the row's candidate area (slots from the
@@ -932,7 +942,7 @@ def _collect_segment(
     if n_seg % CHUNK == 0:
         found, gmax = _stream_columns(
             scores_ptr, row_off, stride_sl, n_seg, lo_f, take_all, offs0, rows,
-            False, COLLECT, GROUP_MAX, BLOCK, CHUNK, ROWS,
+            False, COLLECT, GROUP_MAX, BLOCK, CHUNK, ROWS, PREFETCH,
         )  # fmt: skip
     else:
         found, gmax = _stream_columns(
@@ -1115,7 +1125,7 @@ def _topk_multi_kernel(
     # meta-parameters
     ROWS: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CAP: tl.constexpr,
     AREA: tl.constexpr, K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
-    SELECT: tl.constexpr, PAIRS: tl.constexpr,
+    SELECT: tl.constexpr, PAIRS: tl.constexpr, PREFETCH: tl.constexpr = 1,
 ):
     """One program per (row of this group, segment); the row's last segment to finish
     finishes the row (see the module docstring)."""
@@ -1152,7 +1162,7 @@ def _topk_multi_kernel(
         _collect_segment(
             scores_ptr, seg_off, stride_sl, n_seg, seg_start, lo, idx_ptr, area,
             state + ST_COUNT, gmax_ptr, gmax_row + seg * BLOCK,
-            ESTIMATE, True, ROWS, BLOCK, CAP,
+            ESTIMATE, True, ROWS, BLOCK, CAP, PREFETCH,
         )
         # Every thread's stores land before the ticket (release); the last segment to
         # finish sees them all (acquire) and finishes the row.
@@ -1208,12 +1218,13 @@ TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # MULTI_ESTIMATE 0 skips the sample estimate, every long row is then retried;
 # MULTI_MAXNREG > 0 caps the multi-program kernel's registers per thread, as Triton's maxnreg;
 # MULTI_SAMPLE_WARPS > 0: the sample estimate's warps, else MULTI_WARPS; MULTI_BISECT_PAIRS 1:
-# the sample's and the finishing select's bisections resolve two bits a count).
+# the sample's and the finishing select's bisections resolve two bits a count; MULTI_PREFETCH 2:
+# full segments stream with two chunks' loads in flight instead of one).
 # TILE_SELECT: the descent of the register-tile selects and of the multi path's sample
 # estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT).
 OVERRIDE_FIELDS = (
     *TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT", "MULTI_SAMPLE_WARPS",
-    "MULTI_BISECT_PAIRS",
+    "MULTI_BISECT_PAIRS", "MULTI_PREFETCH",
 )  # fmt: skip
 PATHS = ("auto", "row", "multi")
 PATH_ENV = "FXFUSE_TOPK_PATH"
@@ -1282,6 +1293,7 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     resolved["TILE_SELECT"] = DEFAULT_TILE_SELECT
     resolved["MULTI_SAMPLE_WARPS"] = 0
     resolved["MULTI_BISECT_PAIRS"] = 0
+    resolved["MULTI_PREFETCH"] = 1
     if config:
         unknown = sorted(set(config) - set(OVERRIDE_FIELDS))
         if unknown:
@@ -1319,6 +1331,7 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
           f"a power of 2 >= {2 * SAMPLE_SECTOR.value}")  # fmt: skip
     check("MULTI_ESTIMATE", lambda v: v in (0, 1), "0 or 1")
     check("MULTI_BISECT_PAIRS", lambda v: v in (0, 1), "0 or 1")
+    check("MULTI_PREFETCH", lambda v: v in (1, 2), "1 or 2")
     check("MULTI_SAMPLE_WARPS", lambda v: v == 0 or v in launch_tables.NUM_WARPS,
           f"0 (MULTI_WARPS) or one of {launch_tables.NUM_WARPS}")  # fmt: skip
     check("MULTI_MAXNREG", lambda v: v == 0 or 24 <= v <= 255,
@@ -1557,7 +1570,8 @@ def _launch_multi(
             ROWS=plan["rows"], BLOCK=plan["block"], CHUNKS=plan["chunks"], CAP=plan["cap"],
             AREA=plan["area"], K_PAD=plan["k_pad"], FB_BLOCK=FALLBACK_BLOCK.value,
             RADIX_BITS=SELECT_BITS.value, SELECT=cfg["TILE_SELECT"],
-            PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]), num_warps=plan["warps"], **plan["launch"],
+            PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]), PREFETCH=cfg["MULTI_PREFETCH"],
+            num_warps=plan["warps"], **plan["launch"],
         )  # fmt: skip
     return state.view(rows, STATE_WORDS.value)
 
