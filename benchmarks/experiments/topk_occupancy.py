@@ -23,7 +23,8 @@ reference, ties at many ranks; a variant the launcher refuses is noted and not t
 - sw16 / smp4096: the table's entry with the sample estimate at 16 warps / from 4096 scores;
 - r2, r2nreg96, b4096nreg80: 16 scores a thread a stream step instead of 8 (two-row chunks, or
   4096-score chunks), the same 32K-score segments; pf2: the table's entry with two chunks'
-  loads in flight (MULTI_PREFETCH 2).
+  loads in flight (MULTI_PREFETCH 2); pf3 / pf4: through Triton's pipeliner (async copies to
+  shared memory), 3 / 4 stages.
 
     PYTHONPATH=. python benchmarks/experiments/topk_occupancy.py [--out DIR] [--rounds 2]
         [--old FILE.py]  # also "old": the table's entry with kernels/topk.py as in FILE.py
@@ -82,6 +83,8 @@ VARIANTS = {
     "r2nreg96": {**W8, "MULTI_ROWS": 2, "MULTI_CHUNKS": 8, "MULTI_MAXNREG": 96},
     "b4096nreg80": {**W8, "MULTI_BLOCK": 4096, "MULTI_CHUNKS": 8, "MULTI_MAXNREG": 80},
     "pf2": {"MULTI_PREFETCH": 2},  # the table's entry, two chunks' loads in flight
+    "pf3": {"MULTI_PREFETCH": 3},  # the table's entry through Triton's pipeliner, 3 stages
+    "pf4": {"MULTI_PREFETCH": 4},
 }
 ROW_PATH = {"row"}  # variants run with path="row"; every other one with path="multi"
 SHAPES = ((256, 131072), (64, 131072), (1, 131072))

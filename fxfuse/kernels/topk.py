@@ -860,8 +860,9 @@ def _stream_columns(
     not a whole number of chunks (the loads are masked; else none is and, with a unit stride,
     they are vectorized). The next chunk's load is issued before the current one is processed
     (unmasked with PREFETCH 2: the next two chunks', twice the bytes in flight a thread: the
-    stream waits on DRAM latency, not bandwidth, at one chunk); unmasked, the last steps reload
-    the last chunk (an L1 / L2 hit) instead of reading past the segment."""
+    stream waits on DRAM latency, not bandwidth, at one chunk; PREFETCH >= 3: Triton's
+    pipeliner with PREFETCH stages); unmasked, the last steps reload the last chunk (an L1 / L2
+    hit) instead of reading past the segment."""
     gmax = tl.full((BLOCK,), float("-inf"), tl.float32)
     found = tl.zeros((BLOCK,), tl.uint32)  # bit c·ROWS + r: [r, j] of chunk c is a candidate
     if MASKED:
@@ -870,6 +871,21 @@ def _stream_columns(
     else:
         x_next = tl.load(scores_ptr + row_off + offs0 * stride_sl)
     last = n_seg - CHUNK  # unmasked: the last chunk's first score
+    if PREFETCH >= 3:
+        if not MASKED:
+            # Triton's pipeliner: async copies through shared memory, PREFETCH - 1 chunks ahead
+            # (no registers held for them).
+            for c in tl.range(0, n_seg // CHUNK, num_stages=PREFETCH):
+                x = tl.load(scores_ptr + row_off + (c * CHUNK + offs0) * stride_sl)
+                x = x.to(tl.float32)
+                if GROUP_MAX:
+                    gmax = tl.maximum(gmax, tl.max(x, 0))
+                if COLLECT:
+                    cand = (x >= lo_f) | take_all
+                    bit = tl.full((ROWS, 1), 1, tl.uint32) << (c * ROWS + rows[:, None]).to(
+                        tl.uint32)
+                    found |= tl.sum(tl.where(cand, bit, 0), 0)  # distinct bits
+            return found, gmax
     x_after = x_next
     if PREFETCH == 2:
         if not MASKED:
@@ -1219,7 +1235,8 @@ TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # MULTI_MAXNREG > 0 caps the multi-program kernel's registers per thread, as Triton's maxnreg;
 # MULTI_SAMPLE_WARPS > 0: the sample estimate's warps, else MULTI_WARPS; MULTI_BISECT_PAIRS 1:
 # the sample's and the finishing select's bisections resolve two bits a count; MULTI_PREFETCH 2:
-# full segments stream with two chunks' loads in flight instead of one).
+# full segments stream with two chunks' loads in flight instead of one, 3 / 4: through Triton's
+# pipeliner with that many stages).
 # TILE_SELECT: the descent of the register-tile selects and of the multi path's sample
 # estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT).
 OVERRIDE_FIELDS = (
@@ -1331,7 +1348,8 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
           f"a power of 2 >= {2 * SAMPLE_SECTOR.value}")  # fmt: skip
     check("MULTI_ESTIMATE", lambda v: v in (0, 1), "0 or 1")
     check("MULTI_BISECT_PAIRS", lambda v: v in (0, 1), "0 or 1")
-    check("MULTI_PREFETCH", lambda v: v in (1, 2), "1 or 2")
+    check("MULTI_PREFETCH", lambda v: v in (1, 2, 3, 4),
+          "1, 2 (chunks of loads in flight) or 3, 4 (Triton's pipeliner's stages)")  # fmt: skip
     check("MULTI_SAMPLE_WARPS", lambda v: v == 0 or v in launch_tables.NUM_WARPS,
           f"0 (MULTI_WARPS) or one of {launch_tables.NUM_WARPS}")  # fmt: skip
     check("MULTI_MAXNREG", lambda v: v == 0 or 24 <= v <= 255,

@@ -223,14 +223,15 @@ def test_lengths_around_k_and_segments(geometry):
 
 
 @pytest.mark.parametrize("chunks", [1, 2, 4])
-def test_prefetch_two_chunks(chunks):
-    # MULTI_PREFETCH 2: full segments of 1, 2 and 4 chunks (the loads past the segment's last
-    # chunk clamp to it), a partial last segment (masked, one chunk ahead), both exact.
+def test_prefetch(chunks):
+    # MULTI_PREFETCH 2 (two chunks' loads in flight) and 3 (Triton's pipeliner): full segments
+    # of 1, 2 and 4 chunks (the loads past the segment's last chunk clamp to it), a partial last
+    # segment (masked, one chunk ahead), all exact.
     g = torch.Generator().manual_seed(chunks)
     scores = torch.randn(4, 300, generator=g)
     scores[1, ::3] = 0.25  # ties across the threshold
     lengths = torch.tensor([300, 32 * chunks, 32 * chunks * 2 + 5, 97], dtype=torch.int32)
-    for prefetch in (1, 2):
+    for prefetch in (1, 2, 3):
         config = {**MULTI, "MULTI_CHUNKS": chunks, "MULTI_PREFETCH": prefetch}
         for sorted in (False, True):
             out, _ = _indices(scores, 24, lengths, sorted=sorted, config=config)
@@ -463,7 +464,7 @@ def test_masks_and_block_tables_keep_the_row_path(monkeypatch):
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_CAP": 100}), "config"),
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_SAMPLE": 16}), "config"),
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_ESTIMATE": 2}), "config"),
-        (lambda s: topk.topk_indices(s, 4, config={"MULTI_PREFETCH": 3}), "config"),
+        (lambda s: topk.topk_indices(s, 4, config={"MULTI_PREFETCH": 5}), "config"),
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_WARPS": 3}), "config"),
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_CHUNKS": 0}), "config"),
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_ROWS": 3}), "config"),
