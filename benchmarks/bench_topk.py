@@ -14,7 +14,8 @@ mask) eager and under torch.compile. Roofline: score bytes / 4.25 TB/s. Each cas
 against the torch reference (exact sets) before it is timed. Rows under ~50 us use
 do_bench_cudagraph over inputs rotated past the 60 MB L2; longer ones do_bench (it flushes L2).
 --path row / multi forces one top-k kernel path for the page-transform cases (default: auto, as
-the launch table dispatches); --path both times the row path as fxfuse_us and the multi-program
+the launch table dispatches); --config '{"MULTI_PREFETCH": 3}' times them with launch overrides
+(a candidate table entry); --path both times the row path as fxfuse_us and the multi-program
 path beside it as peers_us["fxfuse_multi"] (each checked first).
 """
 
@@ -240,13 +241,17 @@ def run_table(args, device):
             print("time budget spent: skipping the remaining cases", flush=True)
             break
         for path in paths:
-            ok, detail = check_page_case(min(rows, 512), length, k, device, sorted, path=path)
+            ok, detail = check_page_case(
+                min(rows, 512), length, k, device, sorted, config=args.config, path=path
+            )
             case = f"page_transform {rows}x{length} k={k} sorted={sorted} path={path}"
             checks.append({"case": case, "ok": ok})
             print(f"check {case}: {'ok' if ok else 'FAIL'} ({detail})", flush=True)
             failed |= not ok
         rows_out.append(
-            time_page_row(rows, length, k, sorted, device, compiled, paths, args.graph_all)
+            time_page_row(
+                rows, length, k, sorted, device, compiled, paths, args.graph_all, args.config
+            )
         )
         print_row(rows_out[-1])
     if args.families:
@@ -255,9 +260,12 @@ def run_table(args, device):
     return rows_out, checks, failed
 
 
-def time_page_row(rows, length, k, sorted, device, compiled, paths=("auto",), graph_all=False):
+def time_page_row(
+    rows, length, k, sorted, device, compiled, paths=("auto",), graph_all=False, config=None
+):
     """fxfuse_us is the first of `paths`; a second one is timed beside it as a peer. graph_all:
-    every row in CUDA graphs (fxfuse and its peers alike), as a CUDA-graph decode step runs them."""
+    every row in CUDA graphs (fxfuse and its peers alike), as a CUDA-graph decode step runs them.
+    config: launch overrides of fxfuse's top-k (None: the launch table's)."""
     score_bytes = rows * length * 4
     roofline_us = score_bytes / COPY_BYTES_PER_US
     graph = graph_all or roofline_us * 4 < GRAPH_BELOW_US
@@ -268,7 +276,7 @@ def time_page_row(rows, length, k, sorted, device, compiled, paths=("auto",), gr
     def fused(path):
         def run(scores, lengths, table):
             return topk.topk_page_transform(
-                scores, k, lengths, table, PAGE_SIZE, sorted=sorted, path=path
+                scores, k, lengths, table, PAGE_SIZE, sorted=sorted, config=config, path=path
             )
 
         return run
@@ -499,6 +507,12 @@ def main():
         default="auto",
         help="top-k kernel path of the page-transform cases; both: row and multi side by side",
     )
+    parser.add_argument(
+        "--config",
+        type=json.loads,
+        default=None,
+        help="launch overrides (JSON) for the page-transform cases, e.g. a candidate table entry",
+    )
     parser.add_argument("--no-inductor", dest="inductor", action="store_false")
     parser.add_argument(
         "--graph-all",
@@ -525,6 +539,7 @@ def main():
         "triton": triton.__version__,
         "date": datetime.date.today().isoformat(),
         "command": "python " + " ".join(sys.argv),
+        "config": args.config,
     }
     os.makedirs(args.out, exist_ok=True)
     if args.sweep:

@@ -511,6 +511,23 @@ def test_gpu_paths_at_dsa_shapes(path, rows, length, sorted):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("prefetch", [2, 3, 4])
+def test_gpu_prefetch(prefetch):
+    # The stream's deeper prefetch compiled (register rotation, or Triton's pipeliner through
+    # shared memory), full and partial segments, ties at the threshold.
+    k, rows, length = 2048, 8, 131072
+    g = torch.Generator().manual_seed(prefetch)
+    scores = torch.randn(rows, length, generator=g)
+    scores[1, ::5] = 0.5
+    lengths = torch.randint(k // 2, length + 1, (rows,), generator=g, dtype=torch.int32)
+    lengths[0] = length
+    out = topk.topk_indices(scores.cuda(), k, lengths.cuda(), path="multi",
+                            config={"MULTI_PREFETCH": prefetch})  # fmt: skip
+    _check(scores, k, out.cpu(), lengths=lengths)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("name", ["constant", "ascending", "nan_mix", "top30_equal", "signed_zeros"])
 def test_gpu_multi_adversarial(name):
     scores = _adversarial(name, 8, 32768)
