@@ -24,7 +24,8 @@ reference, ties at many ranks; a variant the launcher refuses is noted and not t
 - r2, r2nreg96, b4096nreg80: 16 scores a thread a stream step instead of 8 (two-row chunks, or
   4096-score chunks), the same 32K-score segments; pf2: the table's entry with two chunks'
   loads in flight (MULTI_PREFETCH 2); pf3 / pf4: through Triton's pipeliner (async copies to
-  shared memory), 3 / 4 stages.
+  shared memory), 3 / 4 stages;
+- c4 / c8 / c4pf3: the table's entry with 8K / 16K-score segments (more programs a row).
 
     PYTHONPATH=. python benchmarks/experiments/topk_occupancy.py [--out DIR] [--rounds 2]
         [--old FILE.py]  # also "old": the table's entry with kernels/topk.py as in FILE.py
@@ -85,6 +86,11 @@ VARIANTS = {
     "pf2": {"MULTI_PREFETCH": 2},  # the table's entry, two chunks' loads in flight
     "pf3": {"MULTI_PREFETCH": 3},  # the table's entry through Triton's pipeliner, 3 stages
     "pf4": {"MULTI_PREFETCH": 4},
+    # shorter segments (more programs a row) for few rows: at 1 x 128K the table's 32K-score
+    # segments keep 4 SMs busy, each waiting on 16 chunks in turn
+    "c4": {"MULTI_CHUNKS": 4},
+    "c8": {"MULTI_CHUNKS": 8},
+    "c4pf3": {"MULTI_CHUNKS": 4, "MULTI_PREFETCH": 3},
 }
 ROW_PATH = {"row"}  # variants run with path="row"; every other one with path="multi"
 SHAPES = ((256, 131072), (64, 131072), (1, 131072))
