@@ -732,7 +732,8 @@ def _bisect_edge(v, count, need, top_bit, low_bit, t0, PAIRS: tl.constexpr):
     """(t, c): the largest uint32 t with c = #(v >= t) >= need, for a tile v that is 0 wherever
     an element does not take part and `count` >= need elements that do (a 0 among them ranks
     last: every trial is >= 1). t0: the bits above top_bit that every taking part v has (t0's
-    bits from top_bit down are 0; 0 with top_bit 31 for any tile). One count per bit from
+    bits from top_bit down are 0; 0 with top_bit 31 for any tile), or, to resolve more bits of
+    an earlier result, that result t0 (bits above top_bit fixed) with `count` its c. One count per bit from
     top_bit down to low_bit; stops early at a t with c == need: {v >= t} is then exactly the top
     `need`. Otherwise (bits down to 0 resolved, c > need) t is the need-th largest value and it
     is tied; with low_bit > 0, t is that value with its bits below low_bit cleared (a lower
@@ -1032,9 +1033,14 @@ def _whole_row(
 def _sample_edge(key, valid, count, rank, low_bit, RADIX_BITS: tl.constexpr,
                  SELECT: tl.constexpr, PAIRS: tl.constexpr):  # fmt: skip
     """The rank-th largest of `count` valid keys (0 off them) by SELECT's descent; the
-    bisection stops at low_bit (that key with its lower bits cleared)."""
+    bisection stops at low_bit (that key with its lower bits cleared) unless more than 1.5 rank
+    keys reach it there: the scores then differ only below low_bit (a large common offset,
+    5 + 1e-3 x), the floor would take every one of them as a candidate and the row would be
+    retried, so the bisection goes on down to bit 0."""
     if SELECT == SELECT_BISECT:
-        edge, _ = _bisect_edge(key, count, rank, 31, low_bit, 0, PAIRS)
+        edge, c = _bisect_edge(key, count, rank, 31, low_bit, 0, PAIRS)
+        if (low_bit > 0) & (c > rank + rank // 2):
+            edge, _ = _bisect_edge(key, c, rank, low_bit - 1, 0, edge, PAIRS)
     else:
         prefix, s, _, _ = _radix_edge(key, valid, rank, 32, RADIX_BITS)
         edge = prefix << s

@@ -138,6 +138,22 @@ def test_estimate_descents(select):
     assert ((reached == 8) | (estimate >= rank_key & ~low)).all()
 
 
+def test_estimate_below_the_bisection_floor():
+    # Scores that differ only below the estimate's 16-bit floor (5 + 1e-3 x): the floor would
+    # take every sampled score (each row retried, its candidates past CAP); the sample's
+    # bisection goes on to bit 0 there, and these rows keep the estimate's branch.
+    g = torch.Generator().manual_seed(0)
+    scores = 5 + 1e-3 * torch.randn(4, 300, generator=g)
+    scores[3] = -2 + 1e-4 * torch.randn(300, generator=g)
+    out, state = _indices(scores, 24)
+    _check(scores, 24, out)
+    counts = state[:, topk.ST_COUNT.value]
+    assert (counts <= CAP).all()  # the floor gave 150+ of 300 here
+    # A row retries only when its estimate, now tight, misses low (the 64-score sample's spread).
+    assert torch.equal(_retried(state), counts < 24)
+    assert not _retried(state)[:3].any()  # (seeded)
+
+
 @GEOMETRIES
 @pytest.mark.parametrize("sorted", [False, True])
 def test_retry_branch(sorted, geometry):
