@@ -729,18 +729,18 @@ def _bisect_pair(v, t, c, b, need):
 
 @triton.jit
 def _bisect_edge(v, count, need, top_bit, low_bit, t0, PAIRS: tl.constexpr):
-    """(t, c): the largest uint32 t with c = #(v >= t) >= need, for a tile v that is 0 wherever
-    an element does not take part and `count` >= need elements that do (a 0 among them ranks
-    last: every trial is >= 1). t0: the bits above top_bit that every taking part v has (t0's
-    bits from top_bit down are 0; 0 with top_bit 31 for any tile), or, to resolve more bits of
-    an earlier result, that result t0 (bits above top_bit fixed) with `count` its c. One count per bit from
+    """(t, c): the largest uint32 t with c = #(v >= t) >= need, for a tile v that is 0 wherever an
+    element does not take part and `count` >= need elements that do (a 0 among them ranks last:
+    every trial is >= 1). t0: the bits above top_bit that every taking part v has (t0's bits from
+    top_bit down are 0; 0 with top_bit 31 for any tile), or, to resolve more bits of an earlier
+    result, that result t0 (bits above top_bit fixed) with `count` its c. One count per bit from
     top_bit down to low_bit; stops early at a t with c == need: {v >= t} is then exactly the top
-    `need`. Otherwise (bits down to 0 resolved, c > need) t is the need-th largest value and it
-    is tied; with low_bit > 0, t is that value with its bits below low_bit cleared (a lower
-    edge: still c >= need). A compare and an add per element and bit: no histogram, so no
-    shared-memory atomics piling onto a few bins. PAIRS: two bits per pass where two are left,
-    the counts of the three trials packed in one int64 sum (21 bits each: tiles < 2**21), so a
-    wide program waits on half as many block reductions."""
+    `need`. Otherwise (bits down to 0 resolved, c > need) t is the need-th largest value and it is
+    tied; with low_bit > 0, t is that value with its bits below low_bit cleared (a lower edge: still
+    c >= need). A compare and an add per element and bit: no histogram, so no shared-memory atomics
+    piling onto a few bins. PAIRS: two bits per pass where two are left, the counts of the three
+    trials packed in one int64 sum (21 bits each: tiles < 2**21), so a wide program waits on half as
+    many block reductions."""
     t = tl.full((), 0, tl.uint32) + t0
     c = tl.full((), 0, tl.int32) + count
     b = tl.full((), 0, tl.int32) + top_bit
