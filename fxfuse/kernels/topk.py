@@ -866,12 +866,6 @@ def _stream_columns(
     hit) instead of reading past the segment."""
     gmax = tl.full((BLOCK,), float("-inf"), tl.float32)
     found = tl.zeros((BLOCK,), tl.uint32)  # bit c·ROWS + r: [r, j] of chunk c is a candidate
-    if MASKED:
-        x_next = tl.load(scores_ptr + row_off + offs0 * stride_sl, mask=offs0 < n_seg,
-                         other=float("-inf"))  # fmt: skip
-    else:
-        x_next = tl.load(scores_ptr + row_off + offs0 * stride_sl)
-    last = n_seg - CHUNK  # unmasked: the last chunk's first score
     if PREFETCH >= 3:
         if not MASKED:
             # Triton's pipeliner: async copies through shared memory, PREFETCH - 1 chunks ahead
@@ -887,6 +881,12 @@ def _stream_columns(
                         tl.uint32)
                     found |= tl.sum(tl.where(cand, bit, 0), 0)  # distinct bits
             return found, gmax
+    if MASKED:
+        x_next = tl.load(scores_ptr + row_off + offs0 * stride_sl, mask=offs0 < n_seg,
+                         other=float("-inf"))  # fmt: skip
+    else:
+        x_next = tl.load(scores_ptr + row_off + offs0 * stride_sl)
+    last = n_seg - CHUNK  # unmasked: the last chunk's first score
     x_after = x_next
     if PREFETCH == 2:
         if not MASKED:
