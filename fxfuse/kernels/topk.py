@@ -851,6 +851,25 @@ def _popcount(v):
 
 
 @triton.jit
+def _absorb_chunk(
+    x, gmax, found, shift, rows, lo_f, take_all, start, offs0, n_seg,
+    MASKED: tl.constexpr, COLLECT: tl.constexpr, GROUP_MAX: tl.constexpr, ROWS: tl.constexpr,
+):
+    """One fp32 chunk x (ROWS, BLOCK) of `_stream_columns` (its first score at `start` of the
+    segment) into the columns' maxima and candidate masks (row r's bit: shift + r). MASKED:
+    scores past n_seg are no candidates."""
+    if GROUP_MAX:
+        gmax = tl.maximum(gmax, tl.max(x, 0))
+    if COLLECT:
+        cand = (x >= lo_f) | take_all
+        if MASKED:
+            cand = cand & ((start + offs0) < n_seg)
+        bit = tl.full((ROWS, 1), 1, tl.uint32) << (shift + rows[:, None]).to(tl.uint32)
+        found |= tl.sum(tl.where(cand, bit, 0), 0)  # distinct bits
+    return gmax, found
+
+
+@triton.jit
 def _stream_columns(
     scores_ptr, row_off, stride_sl, n_seg, lo_f, take_all, offs0, rows,
     MASKED: tl.constexpr, COLLECT: tl.constexpr, GROUP_MAX: tl.constexpr, BLOCK: tl.constexpr,
@@ -872,14 +891,10 @@ def _stream_columns(
             # (no registers held for them).
             for c in tl.range(0, n_seg // CHUNK, num_stages=PREFETCH):
                 x = tl.load(scores_ptr + row_off + (c * CHUNK + offs0) * stride_sl)
-                x = x.to(tl.float32)
-                if GROUP_MAX:
-                    gmax = tl.maximum(gmax, tl.max(x, 0))
-                if COLLECT:
-                    cand = (x >= lo_f) | take_all
-                    bit = tl.full((ROWS, 1), 1, tl.uint32) << (c * ROWS + rows[:, None]).to(
-                        tl.uint32)
-                    found |= tl.sum(tl.where(cand, bit, 0), 0)  # distinct bits
+                gmax, found = _absorb_chunk(
+                    x.to(tl.float32), gmax, found, c * ROWS, rows, lo_f, take_all, 0, offs0,
+                    n_seg, False, COLLECT, GROUP_MAX, ROWS,
+                )  # fmt: skip
             return found, gmax
     if MASKED:
         x_next = tl.load(scores_ptr + row_off + offs0 * stride_sl, mask=offs0 < n_seg,
@@ -907,14 +922,10 @@ def _stream_columns(
         else:
             nxt = tl.multiple_of(tl.minimum(start + CHUNK, last), CHUNK)
             x_next = tl.load(scores_ptr + row_off + (nxt + offs0) * stride_sl)
-        if GROUP_MAX:
-            gmax = tl.maximum(gmax, tl.max(x, 0))
-        if COLLECT:
-            cand = (x >= lo_f) | take_all
-            if MASKED:
-                cand = cand & ((start + offs0) < n_seg)
-            bit = tl.full((ROWS, 1), 1, tl.uint32) << (shift + rows[:, None]).to(tl.uint32)
-            found |= tl.sum(tl.where(cand, bit, 0), 0)  # distinct bits
+        gmax, found = _absorb_chunk(
+            x, gmax, found, shift, rows, lo_f, take_all, start, offs0, n_seg,
+            MASKED, COLLECT, GROUP_MAX, ROWS,
+        )  # fmt: skip
         start += CHUNK
         shift += ROWS
     return found, gmax
