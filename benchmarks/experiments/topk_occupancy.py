@@ -26,6 +26,7 @@ reference, ties at many ranks; a variant the launcher refuses is noted and not t
   loads in flight (MULTI_PREFETCH 2); pf3 / pf4: through Triton's pipeliner (async copies to
   shared memory), 3 / 4 stages;
 - c4 / c8 / c4pf3: the table's entry with 8K / 16K-score segments (more programs a row).
+- radix: the sample estimate and the finishing select by 32-bin histograms (TILE_SELECT 0).
 
     PYTHONPATH=. python benchmarks/experiments/topk_occupancy.py [--out DIR] [--rounds 2]
         [--old FILE.py]  # also "old": the table's entry with kernels/topk.py as in FILE.py
@@ -91,6 +92,8 @@ VARIANTS = {
     "c4": {"MULTI_CHUNKS": 4},
     "c8": {"MULTI_CHUNKS": 8},
     "c4pf3": {"MULTI_CHUNKS": 4, "MULTI_PREFETCH": 3},
+    # the sample estimate and the finishing select by 32-bin histograms instead of bisection
+    "radix": {"TILE_SELECT": 0},
 }
 ROW_PATH = {"row"}  # variants run with path="row"; every other one with path="multi"
 SHAPES = ((256, 131072), (64, 131072), (1, 131072))
@@ -137,6 +140,8 @@ def main(argv=None) -> None:
                                                  path=_path(name))  # fmt: skip
                 except ValueError as e:  # a variant the launcher refuses: noted, not timed
                     why = f"refused: {e}"
+                except Exception as e:  # a variant that fails to compile or run: noted, not timed
+                    why = f"failed: {type(e).__name__}: {str(e)[:300]}"
                 checked[name] = why
             bt.topk = topk
             sets = bt.page_inputs(rows, length, device, seed=rows + k,
