@@ -25,7 +25,8 @@ reference, ties at many ranks; a variant the launcher refuses is noted and not t
   4096-score chunks), the same 32K-score segments; pf2: the table's entry with two chunks'
   loads in flight (MULTI_PREFETCH 2); pf3 / pf4: through Triton's pipeliner (async copies to
   shared memory), 3 / 4 stages;
-- c4 / c8 / c4pf3: the table's entry with 8K / 16K-score segments (more programs a row).
+- c4 / c8 / c16 / c4pf3: the table's entry with 8K / 16K / 32K-score segments; pf1: one chunk
+  prefetched in registers.
 - radix: the sample estimate and the finishing select by 32-bin histograms (TILE_SELECT 0).
 
     PYTHONPATH=. python benchmarks/experiments/topk_occupancy.py [--out DIR] [--rounds 2]
@@ -92,6 +93,8 @@ VARIANTS = {
     "c4": {"MULTI_CHUNKS": 4},
     "c8": {"MULTI_CHUNKS": 8},
     "c4pf3": {"MULTI_CHUNKS": 4, "MULTI_PREFETCH": 3},
+    "pf1": {"MULTI_PREFETCH": 1},  # the table's entry, one chunk prefetched in registers
+    "c16": {"MULTI_CHUNKS": 16},  # the table's entry with 32K-score segments
     # the sample estimate and the finishing select by 32-bin histograms instead of bisection
     "radix": {"TILE_SELECT": 0},
 }

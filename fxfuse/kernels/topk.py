@@ -1241,24 +1241,25 @@ CONFIG_FIELDS = ("BLOCK", "RADIX_BITS", "PROGRAMS_PER_SM", "num_warps", "TILE_MA
 # The multi-program path: when it is taken (MIN_LENGTH, MIN_ELEMENTS = rows · length, MAX_ROWS:
 # beyond it the row path takes the rows; sm90 sets no limit since the multi path won at every row
 # count measured), its chunk (MULTI_ROWS x MULTI_BLOCK scores, MULTI_BLOCK strided groups),
-# chunks per segment, candidate capacity, sample size and warps.
+# chunks per segment, candidate capacity, sample size, warps, register cap (MULTI_MAXNREG > 0:
+# Triton's maxnreg for the multi-program kernel, CUDA only; 0 the compiler's choice) and how a
+# full segment streams (MULTI_PREFETCH 1: the next chunk's loads issued before the current one
+# is absorbed; 2: the next two chunks'; 3 / 4: through Triton's pipeliner, async copies to
+# shared memory with that many stages).
 MULTI_FIELDS = (
     "MULTI_MIN_LENGTH", "MULTI_MIN_ELEMENTS", "MULTI_MAX_ROWS", "MULTI_BLOCK", "MULTI_ROWS",
-    "MULTI_CHUNKS", "MULTI_CAP", "MULTI_SAMPLE", "MULTI_WARPS", "MULTI_MAXNREG",
+    "MULTI_CHUNKS", "MULTI_CAP", "MULTI_SAMPLE", "MULTI_WARPS", "MULTI_MAXNREG", "MULTI_PREFETCH",
 )  # fmt: skip
 TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # Not in the table: chosen per call (SEGMENTS > 1 splits each row over that many programs;
 # MULTI_ESTIMATE 0 skips the sample estimate, every long row is then retried;
-# MULTI_MAXNREG > 0 caps the multi-program kernel's registers per thread, as Triton's maxnreg;
 # MULTI_SAMPLE_WARPS > 0: the sample estimate's warps, else MULTI_WARPS; MULTI_BISECT_PAIRS 1:
-# the sample's and the finishing select's bisections resolve two bits a count; MULTI_PREFETCH 2:
-# full segments stream with two chunks' loads in flight instead of one, 3 / 4: through Triton's
-# pipeliner with that many stages).
+# the sample's and the finishing select's bisections resolve two bits a count).
 # TILE_SELECT: the descent of the register-tile selects and of the multi path's sample
 # estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT).
 OVERRIDE_FIELDS = (
     *TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT", "MULTI_SAMPLE_WARPS",
-    "MULTI_BISECT_PAIRS", "MULTI_PREFETCH",
+    "MULTI_BISECT_PAIRS",
 )  # fmt: skip
 PATHS = ("auto", "row", "multi")
 PATH_ENV = "FXFUSE_TOPK_PATH"
@@ -1327,7 +1328,6 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     resolved["TILE_SELECT"] = DEFAULT_TILE_SELECT
     resolved["MULTI_SAMPLE_WARPS"] = 0
     resolved["MULTI_BISECT_PAIRS"] = 0
-    resolved["MULTI_PREFETCH"] = 1
     if config:
         unknown = sorted(set(config) - set(OVERRIDE_FIELDS))
         if unknown:
