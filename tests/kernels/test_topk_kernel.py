@@ -477,6 +477,16 @@ def test_launch_table_loads():
         assert sorted(cfg) == sorted(table["fields"])
 
 
+@pytest.mark.parametrize("rows, chunks", [(1, 4), (8, 4), (9, 8), (16, 8), (17, 16), (256, 16)])
+def test_launch_table_segments_by_row_count(rows, chunks):
+    """sm90: few rows longer than 32K split into shorter segments (more programs a row); rows of
+    32K or less keep their length entry whatever the row count."""
+    cfg = launch_tables.lookup("topk", "sm90", rows=rows, length=131072, topk=2048)
+    assert (cfg["MULTI_CHUNKS"], cfg["MULTI_PREFETCH"]) == (chunks, 3)
+    short = launch_tables.lookup("topk", "sm90", rows=rows, length=32768, topk=2048)
+    assert short["MULTI_CHUNKS"] == 16
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: the register-tile rows compiled, both descents, adversarial rows, against the reference
 
