@@ -68,7 +68,9 @@ score once in the common case, spread over one program per (row, segment):
    (identity, or sorted, then padding).
 Occupancy decides this path's speed more than its instruction count: at one 16-warp program
 per SM (128 registers a thread) a row's finishing select idles its SM, so the sm90 table runs
-8-warp programs under Triton's maxnreg (MULTI_MAXNREG), three per SM (docs/benchmarks.md).
+8-warp programs under Triton's maxnreg (MULTI_MAXNREG), three per SM, and full segments stream
+through Triton's pipeliner (MULTI_PREFETCH 3: async copies to shared memory, two chunks ahead);
+few long rows take shorter segments, more programs a row (docs/benchmarks.md).
 Why not an exact histogram of the top 11 bits in a first pass: tl.histogram lowers to warp
 ballots plus one popcount per bin per 32 lanes, ~8 warp instructions per score for 2048 bins
 (~250 us at 256 x 128K), and two full reads are 64 us at 4.25 TB/s, the bar itself. Row groups
