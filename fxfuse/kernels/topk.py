@@ -58,7 +58,11 @@ score once in the common case, spread over one program per (row, segment):
    ticket, acq_rel: every segment's stores are visible to it) finishes the row: k <= m <= CAP
    candidates -> exact select (their scores reloaded by index and made keys, a bisection from
    below the bits the estimate shares with the largest key, then over the index bits among the
-   k-th key's ties) and the epilogue.
+   k-th key's ties) and the epilogue; unsorted indices and pages go straight from the
+   candidates' tile to their output slots (a cumsum of the selected), no pairs stored and
+   reloaded. Where the table sets MULTI_FINISH_WARPS (rows longer than 32K on sm90), the rows
+   are finished instead by a second kernel, one program per row, after the collect kernel: the
+   collect programs then never hold an SM slot for a row's latency-bound select.
    Otherwise the estimate missed: the bound is the k-th largest group maximum (at least k
    groups, hence k scores, reach it: BLOCK >= k makes >= k groups non-empty) and the program
    retries the row itself (no second launch): it collects the keys >= the bound (for iid
@@ -372,6 +376,22 @@ def _select(
 
 
 @triton.jit
+def _page_tokens(idx, valid, pad, row, row64, page_table_ptr, row_to_batch_ptr, pt_cols,
+                 stride_ptb, stride_ptp, HAS_ROW_TO_BATCH: tl.constexpr,
+                 LOG2_PAGE: tl.constexpr):  # fmt: skip
+    """The page transform of valid row-local indices (pad elsewhere, and past the table)."""
+    batch = row64
+    if HAS_ROW_TO_BATCH:
+        batch = tl.load(row_to_batch_ptr + row).to(tl.int64)
+    page = idx >> LOG2_PAGE
+    ok = valid & (page < pt_cols)
+    phys = tl.load(page_table_ptr + batch * stride_ptb + page * stride_ptp, mask=ok,
+                   other=0).to(tl.int32)  # fmt: skip
+    token = (phys << LOG2_PAGE) | (idx & ((1 << LOG2_PAGE) - 1))
+    return tl.where(ok, token, pad)
+
+
+@triton.jit
 def _finish(
     keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, item, p, last,
     out_ptr, pages_ptr, ctx_ptr, page_table_ptr, row_to_batch_ptr, pt_cols,
@@ -401,16 +421,11 @@ def _finish(
     if EPILOGUE == EPI_INDICES:
         tl.store(out_row + offs, tl.where(valid, idx, pad), mask=slot_ok)
     elif EPILOGUE == EPI_PAGES:
-        batch = row64
-        if HAS_ROW_TO_BATCH:
-            batch = tl.load(row_to_batch_ptr + row).to(tl.int64)
-        page = idx >> LOG2_PAGE
-        ok = valid & (page < pt_cols)
-        phys = tl.load(
-            page_table_ptr + batch * stride_ptb + page * stride_ptp, mask=ok, other=0
-        ).to(tl.int32)
-        token = (phys << LOG2_PAGE) | (idx & ((1 << LOG2_PAGE) - 1))
-        tl.store(out_row + offs, tl.where(ok, token, pad), mask=slot_ok)
+        token = _page_tokens(
+            idx, valid, pad, row, row64, page_table_ptr, row_to_batch_ptr, pt_cols, stride_ptb,
+            stride_ptp, HAS_ROW_TO_BATCH, LOG2_PAGE,
+        )
+        tl.store(out_row + offs, token, mask=slot_ok)
     elif EPILOGUE == EPI_BLOCKS:
         tl.store(out_row + offs, tl.where(valid, idx, -1), mask=slot_ok)
         if PAGES_PER_BLOCK > 0:
@@ -817,20 +832,32 @@ def _take_top(
 
 
 @triton.jit
-def _select_candidates(
-    scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, src, m, k, dst, idx_bits, lo,
+def _take_candidates(
+    scores_ptr, row_off, stride_sl, idx_ptr, src, m, k, idx_bits, lo,
     CAP: tl.constexpr, RADIX_BITS: tl.constexpr, SELECT: tl.constexpr, PAIRS: tl.constexpr,
 ):
-    """Exactly the top k of the k <= m <= CAP candidates at src (the indices in the row at
-    row_off of scores whose keys are >= lo, stored by other programs: `_collect_segment`),
-    lower index first among equal keys, into dst .. dst + k - 1 as (key, index) pairs (any
-    order)."""
+    """(take, key, idx): the k <= m <= CAP candidates at src (the indices in the row at row_off
+    of scores whose keys are >= lo, stored by other programs: `_collect_segment`) as a CAP tile
+    of keys and indices, take marking exactly the top k, lower index first among equal keys."""
     offs = tl.arange(0, CAP)
     valid = offs < m
     idx = tl.load(idx_ptr + src + offs, mask=valid, other=0, cache_modifier=".cg")
     x = tl.load(scores_ptr + row_off + idx.to(tl.int64) * stride_sl, mask=valid, other=0.0)
     key = _ordered_key(x.to(tl.float32), valid)
     take = _take_top(key, idx, valid, m, k, idx_bits, lo, RADIX_BITS, SELECT, PAIRS)
+    return take, key, idx
+
+
+@triton.jit
+def _select_candidates(
+    scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, src, m, k, dst, idx_bits, lo,
+    CAP: tl.constexpr, RADIX_BITS: tl.constexpr, SELECT: tl.constexpr, PAIRS: tl.constexpr,
+):
+    """`_take_candidates`' top k into dst .. dst + k - 1 as (key, index) pairs (any order)."""
+    take, key, idx = _take_candidates(
+        scores_ptr, row_off, stride_sl, idx_ptr, src, m, k, idx_bits, lo, CAP, RADIX_BITS,
+        SELECT, PAIRS,
+    )
     pos = dst + tl.cumsum(take.to(tl.int32), 0) - 1
     tl.store(keys_ptr + pos, key.to(tl.int32, bitcast=True), mask=take)
     tl.store(idx_ptr + pos, idx, mask=take)
@@ -1161,9 +1188,11 @@ def _topk_multi_kernel(
     ROWS: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CAP: tl.constexpr,
     AREA: tl.constexpr, K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
     SELECT: tl.constexpr, PAIRS: tl.constexpr, PREFETCH: tl.constexpr = 1,
+    FINISH: tl.constexpr = True,
 ):
     """One program per (row of this group, segment); the row's last segment to finish
-    finishes the row (see the module docstring)."""
+    finishes the row (see the module docstring), or, FINISH off, `_topk_finish_kernel` does
+    after this kernel."""
     SEGMENT: tl.constexpr = ROWS * BLOCK * CHUNKS
     pid = tl.program_id(0)
     local = pid // num_segments  # the row's slot in this group's scratch
@@ -1199,39 +1228,122 @@ def _topk_multi_kernel(
             state + ST_COUNT, gmax_ptr, gmax_row + seg * BLOCK,
             ESTIMATE, True, ROWS, BLOCK, CAP, PREFETCH,
         )
-        # Every thread's stores land before the ticket (release); the last segment to
-        # finish sees them all (acquire) and finishes the row.
-        tl.debug_barrier()
-        ticket = tl.atomic_add(state + ST_TICKET, 1, sem="acq_rel")
-        if ticket == n_segments - 1:
-            m = tl.atomic_add(state + ST_COUNT, 0, sem="acquire")
-            out_slots = area + CAP
-            n_sel = k
-            if (m >= k) & (m <= CAP):
-                _select_candidates(
-                    scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, area, m, k,
-                    area + CAP, idx_bits, lo, CAP, RADIX_BITS, SELECT, PAIRS,
+        if FINISH:
+            # Every thread's stores land before the ticket (release); the last segment to
+            # finish sees them all (acquire) and finishes the row.
+            tl.debug_barrier()
+            ticket = tl.atomic_add(state + ST_TICKET, 1, sem="acq_rel")
+            if ticket == n_segments - 1:
+                m = tl.atomic_add(state + ST_COUNT, 0, sem="acquire")
+                _finish_row(
+                    scores_ptr, row_off, stride_sl, n, n_segments, k, pad, lo, m, row, row64,
+                    state, out_ptr, page_table_ptr, row_to_batch_ptr, keys_ptr, idx_ptr,
+                    gmax_ptr, area, gmax_row, idx_bits, pt_cols, stride_or, stride_ptb,
+                    stride_ptp, EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, SEGMENT, ROWS,
+                    BLOCK, CAP, K_PAD, FB_BLOCK, RADIX_BITS, SELECT, PAIRS,
                 )
+
+
+@triton.jit
+def _finish_row(
+    scores_ptr, row_off, stride_sl, n, n_segments, k, pad, lo, m, row, row64, state, out_ptr,
+    page_table_ptr, row_to_batch_ptr, keys_ptr, idx_ptr, gmax_ptr, area, gmax_row, idx_bits,
+    pt_cols, stride_or, stride_ptb, stride_ptp,
+    EPILOGUE: tl.constexpr, SORT: tl.constexpr, HAS_ROW_TO_BATCH: tl.constexpr,
+    LOG2_PAGE: tl.constexpr, SEGMENT: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    CAP: tl.constexpr, K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
+    SELECT: tl.constexpr, PAIRS: tl.constexpr,
+):
+    """A row whose m candidates (keys >= lo) are all collected: the exact select and the
+    epilogue, or, when the estimate missed, the retry."""
+    if (m >= k) & (m <= CAP):
+        if SORT == SORT_NONE:
+            # Unsorted indices or pages: each selected pair goes straight to its output slot
+            # from the candidates' tile (no store of the pairs and reload in `_emit`).
+            take, key, idx = _take_candidates(
+                scores_ptr, row_off, stride_sl, idx_ptr, area, m, k, idx_bits, lo, CAP,
+                RADIX_BITS, SELECT, PAIRS,
+            )
+            slot = tl.cumsum(take.to(tl.int32), 0) - 1  # exactly k taken: slots 0 .. k - 1
+            out_row = out_ptr + row64 * stride_or
+            if EPILOGUE == EPI_INDICES:
+                tl.store(out_row + slot, idx, mask=take)
             else:
-                # The estimate missed (fewer than k above it, or more than CAP; rare): at
-                # least k groups have a maximum >= the k-th largest group maximum, so at least
-                # k scores do; this program collects those (no retry launch: a grid of
-                # programs that return at once cost 2-7 us).
-                bound = _radix_edge_global(
-                    gmax_ptr, gmax_row, n_segments * BLOCK, k, BLOCK, RADIX_BITS
-                )
-                tl.store(state + ST_BOUND, bound.to(tl.int32, bitcast=True))
-                tl.store(state + ST_RETRY, 1)  # for tests: which branch the row took
-                out_slots, n_sel = _retry_row(
-                    scores_ptr, row_off, stride_sl, n, n_segments, k, bound, state, keys_ptr,
-                    idx_ptr, gmax_ptr, area, idx_bits, SEGMENT, ROWS, BLOCK, CAP, K_PAD,
-                    FB_BLOCK, RADIX_BITS, SELECT, PAIRS,
-                )
+                token = _page_tokens(idx, take, pad, row, row64, page_table_ptr,
+                                     row_to_batch_ptr, pt_cols, stride_ptb, stride_ptp,
+                                     HAS_ROW_TO_BATCH, LOG2_PAGE)  # fmt: skip
+                tl.store(out_row + slot, token, mask=take)
+        else:
+            _select_candidates(
+                scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, area, m, k, area + CAP,
+                idx_bits, lo, CAP, RADIX_BITS, SELECT, PAIRS,
+            )
             _emit(
-                keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, out_ptr,
+                keys_ptr, idx_ptr, area + CAP, k, k, pad, row, row64, out_ptr,
                 page_table_ptr, row_to_batch_ptr, pt_cols, stride_or, stride_ptb,
                 stride_ptp, EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, K_PAD,
             )
+    else:
+        # The estimate missed (fewer than k above it, or more than CAP; rare): at least k
+        # groups have a maximum >= the k-th largest group maximum, so at least k scores do;
+        # this program collects those (no retry launch: a grid of programs that return at
+        # once cost 2-7 us).
+        bound = _radix_edge_global(gmax_ptr, gmax_row, n_segments * BLOCK, k, BLOCK, RADIX_BITS)
+        tl.store(state + ST_BOUND, bound.to(tl.int32, bitcast=True))
+        tl.store(state + ST_RETRY, 1)  # for tests: which branch the row took
+        out_slots, n_sel = _retry_row(
+            scores_ptr, row_off, stride_sl, n, n_segments, k, bound, state, keys_ptr,
+            idx_ptr, gmax_ptr, area, idx_bits, SEGMENT, ROWS, BLOCK, CAP, K_PAD,
+            FB_BLOCK, RADIX_BITS, SELECT, PAIRS,
+        )
+        _emit(
+            keys_ptr, idx_ptr, out_slots, n_sel, k, pad, row, row64, out_ptr,
+            page_table_ptr, row_to_batch_ptr, pt_cols, stride_or, stride_ptb,
+            stride_ptp, EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, K_PAD,
+        )
+
+
+# stride_sl specialized (see _topk_multi_kernel).
+@triton.jit(do_not_specialize=["length", "pt_cols", "row_base", "idx_bits"])
+def _topk_finish_kernel(
+    # pointers
+    scores_ptr, lengths_ptr, starts_ptr, row_to_batch_ptr, page_table_ptr, out_ptr, state_ptr,
+    keys_ptr, idx_ptr, gmax_ptr,
+    # sizes and scalars
+    length, k, pad, pt_cols, row_base, num_segments, idx_bits,
+    # strides, in elements
+    stride_sr, stride_sl, stride_or, stride_ptb, stride_ptp,
+    # switches
+    LENGTHS: tl.constexpr, HAS_STARTS: tl.constexpr,
+    HAS_ROW_TO_BATCH: tl.constexpr, EPILOGUE: tl.constexpr, SORT: tl.constexpr,
+    LOG2_PAGE: tl.constexpr, ESTIMATE: tl.constexpr,
+    # meta-parameters
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CAP: tl.constexpr,
+    AREA: tl.constexpr, K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
+    SELECT: tl.constexpr, PAIRS: tl.constexpr,
+):
+    """One program per row of this group, after `_topk_multi_kernel` with FINISH off: the
+    row's select and epilogue (rows no longer than k were done there)."""
+    SEGMENT: tl.constexpr = ROWS * BLOCK * CHUNKS
+    local = tl.program_id(0)
+    row = row_base + local
+    row64 = row.to(tl.int64)
+    state = state_ptr + row64 * STATE_WORDS
+    n, start = _row_window(row, length, lengths_ptr, starts_ptr, LENGTHS, HAS_STARTS)
+    if n > k:
+        n_segments = (n + SEGMENT - 1) // SEGMENT
+        row_off = row64 * stride_sr + tl.cast(start, tl.int64) * stride_sl
+        lo = tl.full((), 0xFFFFFFFF, tl.uint32)
+        if ESTIMATE:
+            lo = tl.load(state + ST_ESTIMATE).to(tl.uint32, bitcast=True)
+        m = tl.load(state + ST_COUNT)
+        _finish_row(
+            scores_ptr, row_off, stride_sl, n, n_segments, k, pad, lo, m, row, row64, state,
+            out_ptr, page_table_ptr, row_to_batch_ptr, keys_ptr, idx_ptr, gmax_ptr,
+            local * AREA, local * (num_segments * BLOCK), idx_bits, pt_cols, stride_or,
+            stride_ptb, stride_ptp, EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, SEGMENT,
+            ROWS, BLOCK, CAP, K_PAD, FB_BLOCK, RADIX_BITS, SELECT, PAIRS,
+        )
 
 
 # fmt: on
@@ -1247,10 +1359,13 @@ CONFIG_FIELDS = ("BLOCK", "RADIX_BITS", "PROGRAMS_PER_SM", "num_warps", "TILE_MA
 # Triton's maxnreg for the multi-program kernel, CUDA only; 0 the compiler's choice) and how a
 # full segment streams (MULTI_PREFETCH 1: the next chunk's loads issued before the current one
 # is absorbed; 2: the next two chunks'; 3 / 4: through Triton's pipeliner, async copies to
-# shared memory with that many stages).
+# shared memory with that many stages), and who finishes a row (MULTI_FINISH_WARPS 0: its last
+# segment's program in the collect kernel; > 0: a second kernel, one program of that many warps
+# per row, after the collect kernel).
 MULTI_FIELDS = (
     "MULTI_MIN_LENGTH", "MULTI_MIN_ELEMENTS", "MULTI_MAX_ROWS", "MULTI_BLOCK", "MULTI_ROWS",
     "MULTI_CHUNKS", "MULTI_CAP", "MULTI_SAMPLE", "MULTI_WARPS", "MULTI_MAXNREG", "MULTI_PREFETCH",
+    "MULTI_FINISH_WARPS",
 )  # fmt: skip
 TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # Not in the table: chosen per call (SEGMENTS > 1 splits each row over that many programs;
@@ -1258,10 +1373,11 @@ TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # MULTI_SAMPLE_WARPS > 0: the sample estimate's warps, else MULTI_WARPS; MULTI_BISECT_PAIRS 1:
 # the sample's and the finishing select's bisections resolve two bits a count).
 # TILE_SELECT: the descent of the register-tile selects and of the multi path's sample
-# estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT).
+# estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT). MULTI_SELECT: the multi
+# path's finishing select, one of those (default DEFAULT_MULTI_SELECT).
 OVERRIDE_FIELDS = (
     *TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT", "MULTI_SAMPLE_WARPS",
-    "MULTI_BISECT_PAIRS",
+    "MULTI_BISECT_PAIRS", "MULTI_SELECT",
 )  # fmt: skip
 PATHS = ("auto", "row", "multi")
 PATH_ENV = "FXFUSE_TOPK_PATH"
@@ -1274,6 +1390,7 @@ MAX_K = 2048
 MAX_TILE = 16384
 INDEX_DTYPES = (torch.int32, torch.int64)
 DEFAULT_TILE_SELECT = SELECT_BISECT.value
+DEFAULT_MULTI_SELECT = SELECT_BISECT.value
 # The interpreter runs programs one after another: a small persistent grid suffices.
 CPU_PROGRAMS = 2
 
@@ -1328,6 +1445,7 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     resolved["SEGMENTS"] = 0  # 0: decided by _num_segments
     resolved["MULTI_ESTIMATE"] = 1
     resolved["TILE_SELECT"] = DEFAULT_TILE_SELECT
+    resolved["MULTI_SELECT"] = DEFAULT_MULTI_SELECT
     resolved["MULTI_SAMPLE_WARPS"] = 0
     resolved["MULTI_BISECT_PAIRS"] = 0
     if config:
@@ -1369,6 +1487,8 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     check("MULTI_BISECT_PAIRS", lambda v: v in (0, 1), "0 or 1")
     check("MULTI_PREFETCH", lambda v: v in (1, 2, 3, 4),
           "1, 2 (chunks of loads in flight) or 3, 4 (Triton's pipeliner's stages)")  # fmt: skip
+    check("MULTI_FINISH_WARPS", lambda v: v == 0 or v in launch_tables.NUM_WARPS,
+          f"0 (the collect kernel finishes) or one of {launch_tables.NUM_WARPS}")  # fmt: skip
     check("MULTI_SAMPLE_WARPS", lambda v: v == 0 or v in launch_tables.NUM_WARPS,
           f"0 (MULTI_WARPS) or one of {launch_tables.NUM_WARPS}")  # fmt: skip
     check("MULTI_MAXNREG", lambda v: v == 0 or 24 <= v <= 255,
@@ -1379,6 +1499,8 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
             f"{resolved['MULTI_MAXNREG']}"
         )
     check("TILE_SELECT", lambda v: v in (SELECT_RADIX.value, SELECT_BISECT.value),
+          f"{SELECT_RADIX.value} (radix) or {SELECT_BISECT.value} (bisect)")  # fmt: skip
+    check("MULTI_SELECT", lambda v: v in (SELECT_RADIX.value, SELECT_BISECT.value),
           f"{SELECT_RADIX.value} (radix) or {SELECT_BISECT.value} (bisect)")  # fmt: skip
     return resolved
 
@@ -1552,6 +1674,7 @@ def _multi_plan(cfg: dict, rows: int, length: int, k: int) -> dict:
         "sample": cfg["MULTI_SAMPLE"], "warps": cfg["MULTI_WARPS"],
         "sample_warps": cfg["MULTI_SAMPLE_WARPS"] or cfg["MULTI_WARPS"],
         "estimate": cfg["MULTI_ESTIMATE"],
+        "finish_warps": cfg["MULTI_FINISH_WARPS"],
         "launch": {"maxnreg": cfg["MULTI_MAXNREG"]} if cfg["MULTI_MAXNREG"] else {},
     }  # fmt: skip
 
@@ -1591,7 +1714,7 @@ def _launch_multi(
                 SELECT=cfg["TILE_SELECT"], PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]),
                 num_warps=plan["sample_warps"],
             )  # fmt: skip
-        launch(_topk_multi_kernel, (group_rows * plan["segments"],),
+        args = (
             scores, dummy if lengths is None else lengths,
             dummy if row_starts is None else row_starts,
             dummy if row_to_batch is None else row_to_batch,
@@ -1601,15 +1724,22 @@ def _launch_multi(
             plan["segments"], idx_bits,
             scores.stride(0), scores.stride(1), out.stride(0), page_strides[0],
             page_strides[1],
+        )  # fmt: skip
+        meta = dict(
             LENGTHS=lengths_mode, HAS_STARTS=row_starts is not None,
             HAS_ROW_TO_BATCH=row_to_batch is not None, EPILOGUE=epilogue, SORT=sort,
             LOG2_PAGE=page_size.bit_length() - 1, ESTIMATE=plan["estimate"],
             ROWS=plan["rows"], BLOCK=plan["block"], CHUNKS=plan["chunks"], CAP=plan["cap"],
             AREA=plan["area"], K_PAD=plan["k_pad"], FB_BLOCK=FALLBACK_BLOCK.value,
-            RADIX_BITS=SELECT_BITS.value, SELECT=cfg["TILE_SELECT"],
-            PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]), PREFETCH=cfg["MULTI_PREFETCH"],
-            num_warps=plan["warps"], **plan["launch"],
+            RADIX_BITS=SELECT_BITS.value, SELECT=cfg["MULTI_SELECT"],
+            PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]),
         )  # fmt: skip
+        finish_warps = plan["finish_warps"]
+        launch(_topk_multi_kernel, (group_rows * plan["segments"],), *args, **meta,
+               PREFETCH=cfg["MULTI_PREFETCH"], FINISH=not finish_warps,
+               num_warps=plan["warps"], **plan["launch"])  # fmt: skip
+        if finish_warps:
+            launch(_topk_finish_kernel, (group_rows,), *args, **meta, num_warps=finish_warps)
     return state.view(rows, STATE_WORDS.value)
 
 

@@ -27,8 +27,9 @@ POWER_OF_TWO_PREFIXES = ("BLOCK_", "GROUP_")
 NUM_WARPS = (1, 2, 4, 8, 16)
 TABLE_TARGETS = ("sm90", "gfx950", "gfx942")
 FLAG_FIELDS = ("SWAP_AB", "PERSISTENT")  # 0 / 1 switches; every other field is a positive int
-# Compiler caps where 0 means "none" (registers a thread: Triton's maxnreg, CUDA only).
-CAP_FIELDS = ("MULTI_MAXNREG",)
+# Fields where 0 means "none": compiler caps (registers a thread: Triton's maxnreg, CUDA only),
+# the top-k finish kernel's warps (0: no second kernel).
+CAP_FIELDS = ("MULTI_MAXNREG", "MULTI_FINISH_WARPS")
 
 
 class LaunchTableError(ValueError):

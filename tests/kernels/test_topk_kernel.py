@@ -485,6 +485,8 @@ def test_launch_table_segments_by_row_count(rows, chunks):
     assert (cfg["MULTI_CHUNKS"], cfg["MULTI_PREFETCH"]) == (chunks, 3)
     short = launch_tables.lookup("topk", "sm90", rows=rows, length=32768, topk=2048)
     assert short["MULTI_CHUNKS"] == 16
+    # rows longer than 32K are finished by a second kernel, shorter ones by their last segment
+    assert (cfg["MULTI_FINISH_WARPS"], short["MULTI_FINISH_WARPS"]) == (8, 0)
 
 
 # ---------------------------------------------------------------------------------------------

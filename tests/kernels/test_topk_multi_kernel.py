@@ -30,6 +30,13 @@ WHOLE_SAMPLE = {**MULTI, "MULTI_SAMPLE": 512}
 CAP = MULTI["MULTI_CAP"]
 
 
+FINISHES = {
+    "bit": {"MULTI_BISECT_PAIRS": 0},
+    "pairs": {"MULTI_BISECT_PAIRS": 1},
+    "kernel": {"MULTI_FINISH_WARPS": 4},  # the rows finished by a second kernel
+}
+
+
 def _set(t: torch.Tensor) -> torch.Tensor:
     return t.sort(dim=-1).values
 
@@ -80,9 +87,11 @@ def test_estimate_branch(dtype, sorted):
     assert torch.equal(ours, values.topk(24, dim=1).values)
 
 
-@pytest.mark.parametrize("pairs", [0, 1], ids=["bit", "pairs"])
+
+
+@pytest.mark.parametrize("finish", list(FINISHES))
 @pytest.mark.parametrize("sorted", [False, True])
-def test_finishing_select_from_the_estimate(sorted, pairs):
+def test_finishing_select_from_the_estimate(sorted, finish):
     # The finishing select starts its bisection below the bits the estimate (every candidate's
     # floor) shares with the largest candidate: rows where they share all 32 (every candidate
     # ties at the estimate), the sign bit only, or a few exponent bits.
@@ -93,9 +102,7 @@ def test_finishing_select_from_the_estimate(sorted, pairs):
     scores[3, 200:240] = 1.5  # ties at the k-th key below a few larger ones
     scores[3, 250:260] = 2.5
     for config in (WHOLE_SAMPLE, MULTI):  # the exact k-th key, a sampled estimate below it
-        out, state = _indices(
-            scores, 24, sorted=sorted, config={**config, "MULTI_BISECT_PAIRS": pairs}
-        )
+        out, state = _indices(scores, 24, sorted=sorted, config={**config, **FINISHES[finish]})
         _check(scores, 24, out, sorted=sorted)
         counts = torch.where(_retried(state), _retry_count(state), state[:, topk.ST_COUNT.value])
         assert (counts >= 24).all() and (counts <= CAP).all()  # each row took the select
@@ -104,16 +111,18 @@ def test_finishing_select_from_the_estimate(sorted, pairs):
 
 
 @GEOMETRIES
-@pytest.mark.parametrize("pairs", [0, 1], ids=["bit", "pairs"])
+@pytest.mark.parametrize("finish", ["bit", "pairs", "kernel"])
 @pytest.mark.parametrize("sorted", [False, True])
-def test_sampled_estimate_and_retry(sorted, geometry, pairs):
+def test_sampled_estimate_and_retry(sorted, geometry, finish):
     # A 64-score sample of 300: some rows' estimates miss and retry; both must be exact.
     scores = torch.randn(8, 300)
     scores[1::2, ::3] = 0.25  # ties across the threshold in every other row
-    config = {**geometry, "MULTI_BISECT_PAIRS": pairs}
+    config = {**geometry, **FINISHES[finish]}
     out, state = _indices(scores, 24, sorted=sorted, config=config)
     _check(scores, 24, out, sorted=sorted)
-    assert state[:, topk.ST_TICKET.value].eq(5).all()  # every segment took its ticket
+    # every segment took its ticket, unless a second kernel finishes the rows (no tickets)
+    tickets = 0 if finish == "kernel" else 5
+    assert state[:, topk.ST_TICKET.value].eq(tickets).all()
     retried = _retried(state)
     assert retried.any() and not retried.all()  # (seeded) both branches ran
 
@@ -214,9 +223,12 @@ OVERFLOWING = {"constant", "all_neg_inf", "all_nan", "top30_equal", "signed_zero
 def test_adversarial_rows(name, geometry):
     scores = _adversarial(name, 2, 300)
     for sorted in (False, True):
-        out, state = _indices(scores, 24, sorted=sorted, config=_retry_only(geometry))
-        _check(scores, 24, out, sorted=sorted)
-        assert (_retry_count(state) > CAP).all() == (name in OVERFLOWING)
+        # the finishing bisection in the collect kernel, or in a separate finish kernel
+        for finish in ({}, {"MULTI_FINISH_WARPS": 4}):
+            config = {**_retry_only(geometry), **finish}
+            out, state = _indices(scores, 24, sorted=sorted, config=config)
+            _check(scores, 24, out, sorted=sorted)
+            assert (_retry_count(state) > CAP).all() == (name in OVERFLOWING)
 
 
 @GEOMETRIES
@@ -228,7 +240,7 @@ def test_lengths_around_k_and_segments(geometry):
     scores[1::2, ::4] = 0.5
     lengths = torch.tensor(lens, dtype=torch.int32)
     for sorted in (False, True):
-        for config in (geometry, _retry_only(geometry)):
+        for config in (geometry, _retry_only(geometry), {**geometry, "MULTI_FINISH_WARPS": 4}):
             out, _ = _indices(scores, k, lengths, sorted=sorted, config=config)
             _check(scores, k, out, lengths, sorted=sorted)
             if not sorted:  # rows no longer than k: the identity, then padding
@@ -549,3 +561,26 @@ def test_gpu_multi_adversarial(name):
     scores = _adversarial(name, 8, 32768)
     out = topk.topk_indices(scores.cuda(), 2048, path="multi")
     _check(scores, 2048, out.cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("finish", [{"MULTI_SELECT": 0}, {"MULTI_SELECT": 1},
+                                    {"MULTI_FINISH_WARPS": 4}, {"MULTI_FINISH_WARPS": 16}],
+                         ids=["radix", "bisect", "kernel4", "kernel16"])  # fmt: skip
+@pytest.mark.parametrize("k", [512, 2048])
+def test_gpu_finishing_selects(finish, k):
+    # The multi path's finishing selects compiled, and the finish in a second kernel, over rows
+    # of several shapes of tail (hundreds of scores equal at the k-th, a large common offset
+    # 5 + 1e-3 x, ties everywhere, NaN), exact against the reference.
+    rows, length = 8, 131072
+    g = torch.Generator().manual_seed(k)
+    scores = torch.randn(rows, length, generator=g)
+    scores[1] = torch.rand(length, generator=g)
+    scores[2] = torch.randn(length, generator=g).exp()
+    scores[3] = 5.0 + 1e-3 * torch.randn(length, generator=g)
+    scores[4, ::97] = 2.0  # ~1350 equal scores around the k-th
+    scores[5] = (scores[5] * 64).round() / 64  # ties everywhere
+    scores[6, :3000] = float("nan")
+    out = topk.topk_indices(scores.cuda(), k, path="multi", config=finish)
+    _check(scores, k, out.cpu())
