@@ -28,6 +28,14 @@ reference, ties at many ranks; a variant the launcher refuses is noted and not t
 - c4 / c8 / c16 / c4pf3: the table's entry with 8K / 16K / 32K-score segments; pf1: one chunk
   prefetched in registers.
 - radix: the sample estimate and the finishing select by 32-bin histograms (TILE_SELECT 0).
+- fk4 / fk8 / fk16: the rows finished by a second kernel (MULTI_FINISH_WARPS), one program
+  of that many warps per row, after the collect kernel; fk4p with two bits a count; fused:
+  the collect kernel finishes every row (MULTI_FINISH_WARPS 0). (Runs 13-14,
+  2026-12-06, also timed a "ranges" finishing select, counts at 32 edges a pass then a pairwise
+  rank: 1.3-1.7x slower in the collect kernel, 3.4-10x as the finish kernel; removed.)
+- --module NAME=FILE.py: a patched kernels/topk.py timed as variant NAME at the table's entry;
+  with --unchecked NAME it is timed without the exactness check (a measurement-only patch, such
+  as a multi kernel that skips the rows' finishing select).
 
     PYTHONPATH=. python benchmarks/experiments/topk_occupancy.py [--out DIR] [--rounds 2]
         [--old FILE.py]  # also "old": the table's entry with kernels/topk.py as in FILE.py
@@ -96,7 +104,14 @@ VARIANTS = {
     "pf1": {"MULTI_PREFETCH": 1},  # the table's entry, one chunk prefetched in registers
     "c16": {"MULTI_CHUNKS": 16},  # the table's entry with 32K-score segments
     # the sample estimate and the finishing select by 32-bin histograms instead of bisection
-    "radix": {"TILE_SELECT": 0},
+    "radix": {"TILE_SELECT": 0, "MULTI_SELECT": 0},
+    # the finishing select by counts at 32 edges a pass, then a pairwise rank (SELECT_RANGES)
+    # the rows finished by a second kernel, one program of 4 / 8 / 16 warps per row
+    "fk4": {"MULTI_FINISH_WARPS": 4},
+    "fk8": {"MULTI_FINISH_WARPS": 8},
+    "fk16": {"MULTI_FINISH_WARPS": 16},
+    "fk4p": {"MULTI_FINISH_WARPS": 4, "MULTI_BISECT_PAIRS": 1},
+    "fused": {"MULTI_FINISH_WARPS": 0},  # the collect kernel finishes every row
 }
 ROW_PATH = {"row"}  # variants run with path="row"; every other one with path="multi"
 SHAPES = ((256, 131072), (64, 131072), (1, 131072))
@@ -117,6 +132,9 @@ def main(argv=None) -> None:
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--topks", default="2048,512")
     p.add_argument("--old", help="an earlier kernels/topk.py, timed as variant 'old'")
+    p.add_argument("--module", action="append", default=[],
+                   help="NAME=FILE.py: a patched kernels/topk.py timed as variant NAME")
+    p.add_argument("--unchecked", default="", help="variants timed without the check")
     p.add_argument("--shapes", type=_shapes, default=list(SHAPES), help="rows x length list")
     args = p.parse_args(argv)
     modules = {}
@@ -125,10 +143,18 @@ def main(argv=None) -> None:
         old = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(old)
         modules["old"] = old
+    for item in args.module:
+        name, _, file = item.partition("=")
+        spec = importlib.util.spec_from_file_location(f"topk_{name}", file)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        modules[name] = mod
+    unchecked = set(filter(None, args.unchecked.split(",")))
     os.makedirs(args.out, exist_ok=True)
     device = torch.device("cuda")
-    names = (["old"] if args.old else []) + args.variants.split(",")
-    configs = {**VARIANTS, "old": {}}
+    extra = [n for n in modules if n != "old"]
+    names = (["old"] if args.old else []) + args.variants.split(",") + extra
+    configs = {**VARIANTS, "old": {}, **{n: {} for n in extra}}
     unknown = [n for n in names if n not in configs]
     if unknown:
         p.error(f"--variants: unknown {unknown}; expected names from {sorted(VARIANTS)}")
@@ -137,6 +163,9 @@ def main(argv=None) -> None:
         for k in [int(v) for v in args.topks.split(",")]:
             checked = {}
             for name in names:
+                if name in unchecked:
+                    checked[name] = "unchecked"  # a measurement-only patch
+                    continue
                 bt.topk = modules.get(name, topk)  # check_page_case calls bt.topk
                 try:
                     ok, why = bt.check_page_case(rows, length, k, device, config=configs[name],
@@ -159,7 +188,7 @@ def main(argv=None) -> None:
                     sets,
                 )
 
-            fns = {n: make(n) for n in names if checked[n] == "exact"}
+            fns = {n: make(n) for n in names if checked[n] in ("exact", "unchecked")}
             for fn in fns.values():
                 fn()
             torch.cuda.synchronize()
