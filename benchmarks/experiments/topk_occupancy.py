@@ -112,6 +112,8 @@ VARIANTS = {
     "fk16": {"MULTI_FINISH_WARPS": 16},
     "fk4p": {"MULTI_FINISH_WARPS": 4, "MULTI_BISECT_PAIRS": 1},
     "fused": {"MULTI_FINISH_WARPS": 0},  # the collect kernel finishes every row
+    # a 2048-pair candidate tile (k <= 512: the table's 4096 is 8x k at 512)
+    "cap2048": {"MULTI_CAP": 2048},
 }
 ROW_PATH = {"row"}  # variants run with path="row"; every other one with path="multi"
 SHAPES = ((256, 131072), (64, 131072), (1, 131072))

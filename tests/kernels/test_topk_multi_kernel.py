@@ -584,3 +584,18 @@ def test_gpu_finishing_selects(finish, k):
     scores[6, :3000] = float("nan")
     out = topk.topk_indices(scores.cuda(), k, path="multi", config=finish)
     _check(scores, k, out.cpu())
+
+
+@pytest.mark.parametrize(
+    ("rows", "length", "k", "cap"),
+    [(256, 131072, 2048, 4096), (256, 131072, 1024, 4096), (256, 131072, 512, 2048),
+     (16384, 17920, 512, 2048), (16384, 17920, 64, 2048), (64, 131072, 16, 2048)],
+)  # fmt: skip
+def test_candidate_tile_from_k_and_the_sample(rows, length, k, cap):
+    # The select's tile: twice the estimate's expected candidates (max(1.5 k, L / 128)), a power
+    # of 2 from MULTI_CAP_MIN up to the table's MULTI_CAP (4096 on sm90), never below 2 k.
+    cfg = topk._launch_config("sm90", None, rows, length, k, None)
+    plan = topk._multi_plan(cfg, rows, length, k)
+    assert plan["cap"] == cap
+    expected = max(1.5 * k, length * max(1, cfg["MULTI_SAMPLE"] // 128) / cfg["MULTI_SAMPLE"])
+    assert plan["cap"] >= min(2 * expected, cfg["MULTI_CAP"]) and plan["cap"] >= 2 * k
