@@ -104,8 +104,7 @@ VARIANTS = {
     "pf1": {"MULTI_PREFETCH": 1},  # the table's entry, one chunk prefetched in registers
     "c16": {"MULTI_CHUNKS": 16},  # the table's entry with 32K-score segments
     # the sample estimate and the finishing select by 32-bin histograms instead of bisection
-    "radix": {"TILE_SELECT": 0, "MULTI_SELECT": 0},
-    # the finishing select by counts at 32 edges a pass, then a pairwise rank (SELECT_RANGES)
+    "radix": {"TILE_SELECT": 0},
     # the rows finished by a second kernel, one program of 4 / 8 / 16 warps per row
     "fk4": {"MULTI_FINISH_WARPS": 4},
     "fk8": {"MULTI_FINISH_WARPS": 8},

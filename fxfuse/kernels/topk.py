@@ -1376,11 +1376,10 @@ TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # MULTI_SAMPLE_WARPS > 0: the sample estimate's warps, else MULTI_WARPS; MULTI_BISECT_PAIRS 1:
 # the sample's and the finishing select's bisections resolve two bits a count).
 # TILE_SELECT: the descent of the register-tile selects and of the multi path's sample
-# estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT). MULTI_SELECT: the multi
-# path's finishing select, one of those (default DEFAULT_MULTI_SELECT).
+# estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT).
 OVERRIDE_FIELDS = (
     *TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT", "MULTI_SAMPLE_WARPS",
-    "MULTI_BISECT_PAIRS", "MULTI_SELECT",
+    "MULTI_BISECT_PAIRS",
 )  # fmt: skip
 PATHS = ("auto", "row", "multi")
 PATH_ENV = "FXFUSE_TOPK_PATH"
@@ -1396,7 +1395,6 @@ MULTI_CAP_MIN = 2048
 MAX_TILE = 16384
 INDEX_DTYPES = (torch.int32, torch.int64)
 DEFAULT_TILE_SELECT = SELECT_BISECT.value
-DEFAULT_MULTI_SELECT = SELECT_BISECT.value
 # The interpreter runs programs one after another: a small persistent grid suffices.
 CPU_PROGRAMS = 2
 
@@ -1451,7 +1449,6 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     resolved["SEGMENTS"] = 0  # 0: decided by _num_segments
     resolved["MULTI_ESTIMATE"] = 1
     resolved["TILE_SELECT"] = DEFAULT_TILE_SELECT
-    resolved["MULTI_SELECT"] = DEFAULT_MULTI_SELECT
     resolved["MULTI_SAMPLE_WARPS"] = 0
     resolved["MULTI_BISECT_PAIRS"] = 0
     if config:
@@ -1505,8 +1502,6 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
             f"{resolved['MULTI_MAXNREG']}"
         )
     check("TILE_SELECT", lambda v: v in (SELECT_RADIX.value, SELECT_BISECT.value),
-          f"{SELECT_RADIX.value} (radix) or {SELECT_BISECT.value} (bisect)")  # fmt: skip
-    check("MULTI_SELECT", lambda v: v in (SELECT_RADIX.value, SELECT_BISECT.value),
           f"{SELECT_RADIX.value} (radix) or {SELECT_BISECT.value} (bisect)")  # fmt: skip
     return resolved
 
@@ -1743,7 +1738,7 @@ def _launch_multi(
             LOG2_PAGE=page_size.bit_length() - 1, ESTIMATE=plan["estimate"],
             ROWS=plan["rows"], BLOCK=plan["block"], CHUNKS=plan["chunks"], CAP=plan["cap"],
             AREA=plan["area"], K_PAD=plan["k_pad"], FB_BLOCK=FALLBACK_BLOCK.value,
-            RADIX_BITS=SELECT_BITS.value, SELECT=cfg["MULTI_SELECT"],
+            RADIX_BITS=SELECT_BITS.value, SELECT=cfg["TILE_SELECT"],
             PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]),
         )  # fmt: skip
         finish_warps = plan["finish_warps"]

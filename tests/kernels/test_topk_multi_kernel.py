@@ -87,8 +87,6 @@ def test_estimate_branch(dtype, sorted):
     assert torch.equal(ours, values.topk(24, dim=1).values)
 
 
-
-
 @pytest.mark.parametrize("finish", list(FINISHES))
 @pytest.mark.parametrize("sorted", [False, True])
 def test_finishing_select_from_the_estimate(sorted, finish):
@@ -560,7 +558,7 @@ def test_gpu_multi_adversarial(name):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("finish", [{"MULTI_SELECT": 0}, {"MULTI_SELECT": 1},
+@pytest.mark.parametrize("finish", [{"TILE_SELECT": 0}, {"TILE_SELECT": 1},
                                     {"MULTI_FINISH_WARPS": 4}, {"MULTI_FINISH_WARPS": 16}],
                          ids=["radix", "bisect", "kernel4", "kernel16"])  # fmt: skip
 @pytest.mark.parametrize("k", [512, 2048])
