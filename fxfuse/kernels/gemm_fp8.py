@@ -90,6 +90,32 @@ def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.co
 
 
 @triton.jit
+def _spread_rows(v, ROWS: tl.constexpr, SPREAD: tl.constexpr):
+    """(ROWS, C) → (ROWS · SPREAD, C), or (ROWS,) → (ROWS · SPREAD,): each row repeated SPREAD
+    times in place (row r fills rows r · SPREAD ...)."""
+    if SPREAD == 1:
+        return v
+    if len(v.shape) == 1:
+        return tl.reshape(tl.broadcast_to(v[:, None], (ROWS, SPREAD)), (ROWS * SPREAD,))
+    C: tl.constexpr = v.shape[1]
+    return tl.reshape(tl.broadcast_to(v[:, None, :], (ROWS, SPREAD, C)), (ROWS * SPREAD, C))
+
+
+@triton.jit
+def _spread_offsets(pid_m, M, BLOCK_M: tl.constexpr, QUANT_ROWS: tl.constexpr):
+    """(out row of each tile row, out row of each quantized row) for a prequant program that
+    quantizes QUANT_ROWS rows of x and repeats each over BLOCK_M // QUANT_ROWS tile rows (M <=
+    QUANT_ROWS < BLOCK_M: one M tile). Tile rows that repeat a row read M (masked off)."""
+    SPREAD: tl.constexpr = BLOCK_M // QUANT_ROWS
+    tile_rows = tl.arange(0, BLOCK_M)
+    if SPREAD > 1:
+        offs_m = tl.where(tile_rows % SPREAD == 0, tile_rows // SPREAD, M)
+    else:
+        offs_m = pid_m * BLOCK_M + tile_rows
+    return offs_m, pid_m * BLOCK_M + tl.arange(0, QUANT_ROWS)
+
+
+@triton.jit
 def _split_k_reduce(
     acc, partial_ptr, lock_ptr, tile_id, pid_k, mask_m, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -196,37 +222,40 @@ def _gemm_fp8_kernel(
     # meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, NUM_K_TILES: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
-    SWAP_AB: tl.constexpr,
+    SWAP_AB: tl.constexpr, QUANT_ROWS: tl.constexpr,
 ):
     pid_m, pid_n, tile_id = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    # Prequant decode: QUANT_ROWS (< BLOCK_M) rows of x quantized, each repeated to fill the tile.
+    SPREAD: tl.constexpr = BLOCK_M // QUANT_ROWS
+    offs_m, offs_q = _spread_offsets(pid_m, M, BLOCK_M, QUANT_ROWS)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
+    mask_q = offs_q < M
     mask_n = offs_n < N
-    a_rows = a_ptr + offs_m[:, None].to(tl.int64) * stride_am
+    a_rows = a_ptr + offs_q[:, None].to(tl.int64) * stride_am
     w_cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn  # (BLOCK_K, BLOCK_N) view
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # (BLOCK_N, BLOCK_K) (SWAP_AB)
     k_tile_start = pid_k * TILES_PER_SPLIT
     # Debug copies of the in-register quant (prequant only): the pid_n == 0 programs write them.
     write_q = pid_n == 0
 
-    row_scale = tl.zeros((BLOCK_M,), tl.float32)
+    row_scale = tl.zeros((QUANT_ROWS,), tl.float32)
     if A_KIND == A_ROW_PRESCALED:
-        row_scale = tl.load(a_scale_ptr + offs_m * stride_asm, mask=mask_m, other=1.0)
+        row_scale = tl.load(a_scale_ptr + offs_q * stride_asm, mask=mask_q, other=1.0)
     elif A_KIND == A_ROW_AMAX:
-        amax = tl.zeros((BLOCK_M,), tl.float32)
+        amax = tl.zeros((QUANT_ROWS,), tl.float32)
         for kt in range(NUM_K_TILES):
             offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
             x = _load_f32(
-                a_rows + offs_k[None, :] * stride_ak, mask_m[:, None] & (offs_k[None, :] < K),
+                a_rows + offs_k[None, :] * stride_ak, mask_q[:, None] & (offs_k[None, :] < K),
                 EXACT_CASTS,
             )
             amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
         row_scale = _fp8_scale(amax, quant_eps, FP8_MAX, EPS_ON_SCALE, CONST_DIV_AS_MUL)
         if WRITE_QUANT:
             if pid_k == 0:
-                tl.store(q_scale_out_ptr + offs_m * stride_qsm, row_scale, mask=mask_m & write_q)
+                tl.store(q_scale_out_ptr + offs_q * stride_qsm, row_scale, mask=mask_q & write_q)
 
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)  # outᵀ: N fills the MMA's M slot
@@ -236,9 +265,9 @@ def _gemm_fp8_kernel(
         kt = k_tile_start + i
         offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
         if EVEN_K:
-            mask_a = mask_m[:, None]
+            mask_a = mask_q[:, None]
         else:
-            mask_a = mask_m[:, None] & (offs_k[None, :] < K)
+            mask_a = mask_q[:, None] & (offs_k[None, :] < K)
         if SWAP_AB:
             if EVEN_K:
                 mask_w = mask_n[:, None]
@@ -267,22 +296,22 @@ def _gemm_fp8_kernel(
                     EXACT_CASTS,
                 )
                 if WRITE_QUANT:
-                    tl.store(q_scale_out_ptr + offs_m * stride_qsm + kt * stride_qsk,
-                             group_scale, mask=mask_m & write_q)
+                    tl.store(q_scale_out_ptr + offs_q * stride_qsm + kt * stride_qsk,
+                             group_scale, mask=mask_q & write_q)
             else:
                 a_bits = _fp8_quant(
                     x, row_scale[:, None], FP8_MAX, FP8_FNUZ, FP8_NATIVE, APPLY_RECIPROCAL,
                     EXACT_CASTS,
                 )
             if WRITE_QUANT:
-                tl.store(q_out_ptr + offs_m[:, None] * stride_qm + offs_k[None, :], a_bits,
+                tl.store(q_out_ptr + offs_q[:, None] * stride_qm + offs_k[None, :], a_bits,
                          mask=mask_a & (offs_k[None, :] < K) & write_q)
-        a = _fp8_operand(a_bits, DOT_DTYPE, FP8_FNUZ)
+        a = _spread_rows(_fp8_operand(a_bits, DOT_DTYPE, FP8_FNUZ), QUANT_ROWS, SPREAD)
         w = _fp8_operand(w_bits, DOT_DTYPE, FP8_FNUZ)
         if SCALE_BLOCKWISE:
             # One 128-group per K-tile: scale the group's partial product before summing.
             if A_KIND == A_GROUP:
-                a_s = group_scale
+                a_s = _spread_rows(group_scale, QUANT_ROWS, SPREAD)
             else:
                 a_s = tl.load(a_scale_ptr + offs_m * stride_asm + kt * stride_ask, mask=mask_m,
                               other=0.0)
@@ -308,6 +337,8 @@ def _gemm_fp8_kernel(
         if not SCALE_BLOCKWISE:
             if A_KIND == A_FP8:
                 row_scale = tl.load(a_scale_ptr + offs_m * stride_asm, mask=mask_m, other=0.0)
+            else:
+                row_scale = _spread_rows(row_scale, QUANT_ROWS, SPREAD)
             w_s = tl.load(w_scale_ptr + offs_n * stride_wsn, mask=mask_n, other=0.0)
             acc = acc * row_scale[:, None] * w_s[None, :]
         _store_tile(out_ptr, acc, offs_m, offs_n, M, N, stride_om, stride_on, EXACT_CASTS)
@@ -389,6 +420,13 @@ def table_name(a_kind: int, blockwise: bool) -> str:
     if a_kind != A_FP8:
         return PREQUANT_TABLE
     return BLOCK_TABLE if blockwise else KERNEL_NAME
+
+
+def quant_rows(m: int, block_m: int) -> int:
+    """Rows of x a prequant program quantizes: the power of two >= M when that is under
+    BLOCK_M (one M tile; the kernel repeats each over BLOCK_M / QUANT_ROWS tile rows), else
+    BLOCK_M. Decode (M = 1 in a 16-row tile) quantizes 1 row per K-tile instead of 16."""
+    return min(block_m, 1 << max(0, m - 1).bit_length())
 
 
 def split_k_plan(k: int, block_k: int, split_k: int) -> tuple[int, int]:
@@ -525,6 +563,7 @@ def _launch(
         NUM_K_TILES=_cdiv(k, bk),
         TILES_PER_SPLIT=tiles_per_split,
         SWAP_AB=bool(cfg["SWAP_AB"]),
+        QUANT_ROWS=bm if a_kind == A_FP8 else quant_rows(m, bm),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

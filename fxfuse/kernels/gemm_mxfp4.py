@@ -70,9 +70,12 @@ from fxfuse.kernels._plans import launch, planned
 from fxfuse.kernels.gemm_fp8 import (
     _cdiv,
     _split_k_reduce,
+    _spread_offsets,
+    _spread_rows,
     _store_tile,
     _tile_ids,
     launch_config,
+    quant_rows,
     resolve_target,
     split_k_buffers,
     split_k_plan,
@@ -282,18 +285,23 @@ def _gemm_mxfp4_kernel(
     # meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SWAP_AB: tl.constexpr,
+    QUANT_ROWS: tl.constexpr,
 ):
     pid_m, pid_n, tile_id = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    # A16WFP4 decode: QUANT_ROWS (< BLOCK_M) rows of x quantized, each repeated to fill the tile.
+    SPREAD: tl.constexpr = BLOCK_M // QUANT_ROWS
+    offs_m, offs_q = _spread_offsets(pid_m, M, BLOCK_M, QUANT_ROWS)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
     mask_n = offs_n < N
     rows_m = offs_m[:, None].to(tl.int64)
     rows_n = offs_n[:, None].to(tl.int64)
+    mask_q = offs_q < M
+    rows_q = offs_q[:, None].to(tl.int64)
     # Debug copies of the in-register quant come from the pid_n == 0 column. (A tensor, not a
     # scalar, in the masks: triton 3.9's interpreter rejects `tensor & scalar` masks.)
-    write_q = tl.full((BLOCK_M,), 1, tl.int1) & (pid_n == 0)
+    write_q = tl.full((QUANT_ROWS,), 1, tl.int1) & (pid_n == 0)
     KB: tl.constexpr = BLOCK_K // 2
     KS: tl.constexpr = BLOCK_K // 32
 
@@ -327,28 +335,34 @@ def _gemm_mxfp4_kernel(
         w_scale = tl.load(ws_ptrs, mask=mask_n[:, None] & mask_ks[None, :], other=127)
 
         # activations: packed bytes + scales, or a bf16 tile quantized here (once per K-tile)
-        a_mask_ks = mask_m[:, None] & mask_ks[None, :]
         if A_BF16:
             offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-            x = _load_f32(a_ptr + rows_m * stride_am + offs_k[None, :] * stride_ak,
-                          mask_m[:, None] & (offs_k[None, :] < K), EXACT_CASTS)
+            x = _load_f32(a_ptr + rows_q * stride_am + offs_k[None, :] * stride_ak,
+                          mask_q[:, None] & (offs_k[None, :] < K), EXACT_CASTS)
             if USE_DOT_SCALED or WRITE_QUANT:
-                codes, exponent = _quant_tile(x, BLOCK_M, BLOCK_K, ROUNDING)
+                codes, exponent = _quant_tile(x, QUANT_ROWS, BLOCK_K, ROUNDING)
                 a_scale = (exponent + 127).to(tl.uint8)
-                a_bytes = _pack_codes(codes, BLOCK_M, BLOCK_K)
+                a_bytes = _pack_codes(codes, QUANT_ROWS, BLOCK_K)
                 if WRITE_QUANT:
-                    tl.store(q_out_ptr + rows_m * stride_qm + offs_kb[None, :], a_bytes,
-                             mask=mask_m[:, None] & mask_kb[None, :] & write_q[:, None])
-                    tl.store(q_scale_out_ptr + rows_m * stride_qsm + offs_ks[None, :], a_scale,
-                             mask=a_mask_ks & write_q[:, None])
-                if not USE_DOT_SCALED:
+                    tl.store(q_out_ptr + rows_q * stride_qm + offs_kb[None, :], a_bytes,
+                             mask=mask_q[:, None] & mask_kb[None, :] & write_q[:, None])
+                    tl.store(q_scale_out_ptr + rows_q * stride_qsm + offs_ks[None, :], a_scale,
+                             mask=mask_q[:, None] & mask_ks[None, :] & write_q[:, None])
+                if USE_DOT_SCALED:
+                    a_bytes = _spread_rows(a_bytes, QUANT_ROWS, SPREAD)
+                    a_scale = _spread_rows(a_scale, QUANT_ROWS, SPREAD)
+                else:
                     a_values = _e2m1_value(codes) * _e8m0_value(a_scale)[:, :, None]
-                    a_even, a_odd = _even_odd(tl.reshape(a_values, (BLOCK_M, BLOCK_K)),
-                                              BLOCK_M, BLOCK_K, DOT_DTYPE)
+                    a_even, a_odd = _even_odd(tl.reshape(a_values, (QUANT_ROWS, BLOCK_K)),
+                                              QUANT_ROWS, BLOCK_K, DOT_DTYPE)
             else:
-                a_even, a_odd = _even_odd(_quant_values(x, BLOCK_M, BLOCK_K, ROUNDING),
-                                          BLOCK_M, BLOCK_K, DOT_DTYPE)
+                a_even, a_odd = _even_odd(_quant_values(x, QUANT_ROWS, BLOCK_K, ROUNDING),
+                                          QUANT_ROWS, BLOCK_K, DOT_DTYPE)
+            if not USE_DOT_SCALED:
+                a_even = _spread_rows(a_even, QUANT_ROWS, SPREAD)
+                a_odd = _spread_rows(a_odd, QUANT_ROWS, SPREAD)
         else:
+            a_mask_ks = mask_m[:, None] & mask_ks[None, :]
             a_bytes = tl.load(a_ptr + rows_m * stride_am + offs_kb[None, :] * stride_ak,
                               mask=mask_m[:, None] & mask_kb[None, :], other=0)
             a_scale = tl.load(a_scale_ptr + rows_m * stride_asm + offs_ks[None, :] * stride_ask,
@@ -509,6 +523,7 @@ def _launch(
         SPLIT_K=split_k,
         TILES_PER_SPLIT=tiles_per_split,
         SWAP_AB=bool(cfg["SWAP_AB"]),
+        QUANT_ROWS=quant_rows(m, bm) if a_bf16 else bm,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -152,6 +152,45 @@ def test_swap_ab_prequant_bytes(group_size, row_amax):
     assert _rel(out, ref) <= 1e-2
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 9])
+@pytest.mark.parametrize("swap_ab", [0, 1])
+@pytest.mark.parametrize("group_size,row_amax", [(0, "kernel"), (0, "prepass"), (128, "auto")])
+def test_prequant_decode_rows(m, swap_ab, group_size, row_amax, monkeypatch):
+    """M below half the tile: the program quantizes only quant_rows(M) rows of x and repeats
+    them over the tile's rows; bytes, scales and the product must not change."""
+    seen = []
+    real_launch = kernels.launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        if kernel is kernels._gemm_fp8_kernel:  # not the prepass's row-scale kernel
+            seen.append(kwargs["QUANT_ROWS"])
+        return real_launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(kernels, "launch", spy)
+    n, k = 48, 256
+    x = _activations(m, k, seed=20 + m)
+    w, w_scale = _weights(n, k, FN, block=bool(group_size))
+    config = {**SMALL, "BLOCK_K": 128, "SPLIT_K": 2, "SWAP_AB": swap_ab}
+    out, q, scale = gemm_a16w8(
+        x, w, w_scale, group_size=group_size, row_amax=row_amax, return_quant=True,
+        out_dtype=torch.float32, config=config,
+    )  # fmt: skip
+    assert seen[-1] == kernels.quant_rows(m, 16)
+    assert (seen[-1] < 16) == (m <= 8)  # M = 9 is the unspread case
+    ref_q, ref_scale = quant_fp8_ref(x, group_size, FN)
+    assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+    assert torch.equal(scale, ref_scale)
+    a8w8 = gemm_fp8(ref_q, ref_scale, w, w_scale, torch.float32, config=config)
+    torch.testing.assert_close(out, a8w8, rtol=1e-6, atol=1e-6)
+
+
+def test_quant_rows():
+    assert [kernels.quant_rows(m, 16) for m in (1, 2, 3, 4, 5, 8, 9, 16, 17, 40)] == [
+        1, 2, 4, 4, 8, 8, 16, 16, 16, 16,
+    ]  # fmt: skip
+    assert kernels.quant_rows(3, 64) == 4
+
+
 def test_swap_ab_must_be_a_flag():
     q, x_scale, w, w_scale = _good()
     with pytest.raises(ValueError, match="SWAP_AB"):

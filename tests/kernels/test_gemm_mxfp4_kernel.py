@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from fxfuse.kernels import formats
+from fxfuse.kernels import gemm_mxfp4 as mx_kernels
+from fxfuse.kernels.gemm_fp8 import quant_rows
 from fxfuse.kernels.gemm_mxfp4 import (
     E2M1_BF16_PTX2_TEXT,
     E2M1_BF16_PTX4_TEXT,
@@ -146,6 +148,36 @@ def test_prequant_values_path_equals_codes_path(rounding):
     fast = gemm_a16wfp4(x, w, w_scale, **kwargs)
     with_codes, _, _ = gemm_a16wfp4(x, w, w_scale, return_quant=True, **kwargs)
     torch.testing.assert_close(fast, with_codes, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3])
+@pytest.mark.parametrize("swap_ab", [0, 1])
+@pytest.mark.parametrize("return_quant", [False, True])
+def test_prequant_decode_rows(m, swap_ab, return_quant, monkeypatch):
+    """M below half the tile: only quant_rows(M) rows of x are quantized, repeated over the
+    tile's rows; the bytes and the product equal the quant-then-GEMM spelling's."""
+    seen = []
+    real_launch = mx_kernels.launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        seen.append(kwargs["QUANT_ROWS"])
+        return real_launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(mx_kernels, "launch", spy)
+    x = _activations(m, 256, seed=30 + m)
+    w, w_scale = _mx(48, 256, 31)
+    config = {**SMALL, "SWAP_AB": swap_ab, "SPLIT_K": 2}
+    res = gemm_a16wfp4(
+        x, w, w_scale, return_quant=return_quant, out_dtype=torch.float32, config=config
+    )
+    assert seen[-1] == quant_rows(m, SMALL["BLOCK_M"]) < SMALL["BLOCK_M"]
+    ref_q, ref_scale = quant_mxfp4_ref(x, "even")
+    out = res[0] if return_quant else res
+    if return_quant:
+        assert torch.equal(res[1], ref_q)
+        assert torch.equal(res[2], ref_scale)
+    a4w4 = gemm_mxfp4(ref_q, ref_scale, w, w_scale, torch.float32, config=config)
+    torch.testing.assert_close(out, a4w4, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("split_k", [1, 2])
