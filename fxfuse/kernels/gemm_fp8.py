@@ -92,13 +92,22 @@ def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.co
 @triton.jit
 def _spread_rows(v, ROWS: tl.constexpr, SPREAD: tl.constexpr):
     """(ROWS, C) → (ROWS · SPREAD, C), or (ROWS,) → (ROWS · SPREAD,): each row repeated SPREAD
-    times in place (row r fills rows r · SPREAD ...)."""
-    if SPREAD == 1:
-        return v
-    if len(v.shape) == 1:
-        return tl.reshape(tl.broadcast_to(v[:, None], (ROWS, SPREAD)), (ROWS * SPREAD,))
-    C: tl.constexpr = v.shape[1]
-    return tl.reshape(tl.broadcast_to(v[:, None, :], (ROWS, SPREAD, C)), (ROWS * SPREAD, C))
+    times in place (row r fills rows r · SPREAD ...). One return: Triton's code generator goes
+    on past a `return` inside a compile-time `if`."""
+    out = v
+    if ROWS == 1:  # a plain broadcast: no reshape, no layout change
+        if len(v.shape) == 1:
+            out = tl.broadcast_to(v, (SPREAD,))
+        else:
+            out = tl.broadcast_to(v, (SPREAD, v.shape[1]))
+    elif SPREAD > 1:
+        if len(v.shape) == 1:
+            out = tl.reshape(tl.broadcast_to(v[:, None], (ROWS, SPREAD)), (ROWS * SPREAD,))
+        else:
+            C: tl.constexpr = v.shape[1]
+            out = tl.reshape(tl.broadcast_to(v[:, None, :], (ROWS, SPREAD, C)),
+                             (ROWS * SPREAD, C))
+    return out
 
 
 @triton.jit
@@ -336,11 +345,11 @@ def _gemm_fp8_kernel(
     if is_last:
         if not SCALE_BLOCKWISE:
             if A_KIND == A_FP8:
-                row_scale = tl.load(a_scale_ptr + offs_m * stride_asm, mask=mask_m, other=0.0)
+                tile_scale = tl.load(a_scale_ptr + offs_m * stride_asm, mask=mask_m, other=0.0)
             else:
-                row_scale = _spread_rows(row_scale, QUANT_ROWS, SPREAD)
+                tile_scale = _spread_rows(row_scale, QUANT_ROWS, SPREAD)
             w_s = tl.load(w_scale_ptr + offs_n * stride_wsn, mask=mask_n, other=0.0)
-            acc = acc * row_scale[:, None] * w_s[None, :]
+            acc = acc * tile_scale[:, None] * w_s[None, :]
         _store_tile(out_ptr, acc, offs_m, offs_n, M, N, stride_om, stride_on, EXACT_CASTS)
 
 
