@@ -1,0 +1,77 @@
+"""The GEMM kernels' compiled path, which cannot run here: compiled for sm90 (no device needed).
+
+Triton's interpreter runs kernels as Python, so a kernel can pass every CPU test and still fail
+to compile (a `return` inside a compile-time `if` is followed by the code after it, say). These
+compile the prequant kernels with the decode-row spread (QUANT_ROWS below BLOCK_M) and without,
+in both tile orientations.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+_COMPILE = textwrap.dedent(
+    """
+    import json
+    import triton, triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from fxfuse.kernels import gemm_fp8, gemm_mxfp4
+
+    SM90 = GPUTarget("cuda", 90, 32)
+
+    def compile_one(kernel, pointers, floats, consts, num_warps=4):
+        signature = {a: pointers.get(a, "fp32" if a in floats else "i32") for a in kernel.arg_names}
+        signature.update({a: "constexpr" for a in consts})
+        source = ASTSource(kernel, signature, constexprs=consts)
+        compiled = triton.compile(source, target=SM90, options={"num_warps": num_warps,
+                                                                 "num_stages": 3})
+        return len(compiled.asm["ptx"]) > 0
+
+    found = {}
+    fp8_pointers = {"a_ptr": "*bf16", "a_scale_ptr": "*fp32", "w_ptr": "*u8",
+                    "w_scale_ptr": "*fp32", "out_ptr": "*bf16", "partial_ptr": "*fp32",
+                    "lock_ptr": "*i32", "q_out_ptr": "*u8", "q_scale_out_ptr": "*fp32"}
+    for a_kind, blockwise in ((gemm_fp8.A_GROUP.value, True), (gemm_fp8.A_ROW_AMAX.value, False),
+                              (gemm_fp8.A_ROW_PRESCALED.value, False)):
+        for swap, quant_rows in ((0, 1), (1, 1), (0, 2), (1, 4), (1, 16)):
+            consts = dict(A_KIND=a_kind, SCALE_BLOCKWISE=blockwise, DOT_DTYPE=tl.float8e4nv,
+                          FP8_MAX=448.0, FP8_FNUZ=False, FP8_NATIVE=True, EPS_ON_SCALE=False,
+                          APPLY_RECIPROCAL=False, WRITE_QUANT=swap == 1, EVEN_K=True,
+                          EXACT_CASTS=False, CONST_DIV_AS_MUL=True, BLOCK_M=16,
+                          BLOCK_N=64 if swap else 32, BLOCK_K=128, GROUP_M=1, SPLIT_K=2,
+                          NUM_K_TILES=8, TILES_PER_SPLIT=4, SWAP_AB=swap, QUANT_ROWS=quant_rows)
+            found[f"fp8:{a_kind}:{swap}:{quant_rows}"] = compile_one(
+                gemm_fp8._gemm_fp8_kernel, fp8_pointers, ("quant_eps",), consts)
+    mx_pointers = {"a_ptr": "*bf16", "a_scale_ptr": "*bf16", "w_ptr": "*u8", "w_scale_ptr": "*u8",
+                   "out_ptr": "*bf16", "partial_ptr": "*fp32", "lock_ptr": "*i32",
+                   "q_out_ptr": "*u8", "q_scale_out_ptr": "*u8"}
+    for swap, quant_rows, write in ((1, 1, False), (0, 2, True), (1, 16, False)):
+        consts = dict(A_BF16=True, ROUNDING=0, USE_DOT_SCALED=False, PRESHUFFLED=False,
+                      WRITE_QUANT=write, DOT_DTYPE=tl.bfloat16, DECODE_PTX=4, EXACT_CASTS=False,
+                      BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, SPLIT_K=2,
+                      TILES_PER_SPLIT=2, SWAP_AB=swap, QUANT_ROWS=quant_rows)
+        found[f"mxfp4:{swap}:{quant_rows}"] = compile_one(
+            gemm_mxfp4._gemm_mxfp4_kernel, mx_pointers, (), consts)
+    print(json.dumps(found))
+    """
+)
+
+
+def test_prequant_gemms_compile_for_sm90():
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE], check=False, env=env, capture_output=True, text=True,
+        timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )  # fmt: skip
+    if proc.returncode and "ptxas" in proc.stderr:
+        pytest.skip(f"a GPU toolchain piece is missing: {proc.stderr.splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(found) == 18 and all(found.values()), found
