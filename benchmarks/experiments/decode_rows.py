@@ -3,9 +3,10 @@
 The prequant kernels (A16WFP4 `gemm_a16wfp4`, A16W8 `gemm_a16w8` per-token and 1×128) quantize
 their activation tile in every program, once per K-tile. With M = 1 in a 16-row tile they used to
 quantize 16 rows, 15 of them padding; now a program quantizes quant_rows(M) rows (the power of
-two ≥ M) and repeats them over the tile. This times both ("rows": the shipped code; "full": the
-kernel launched with QUANT_ROWS = BLOCK_M, the old work) at the DeepSeek shapes of
-bench_gemm_fp8, alternating, and the bf16 F.linear / quant + _scaled_mm peers. Each case is
+two ≥ M, with a floor per kernel: `prequant_rows`) and repeats them over the tile. This times
+"rows" (the shipped code) and "full" (QUANT_ROWS = BLOCK_M, the old work) at the DeepSeek
+shapes of bench_gemm_fp8, alternating, and the bf16 F.linear / quant + _scaled_mm peers;
+`--floors 1,2,4,8` times "qrN" (at least N rows) instead of "rows". Each case is
 checked against its reference (bench_gemm_*.make_case) with the shipped code.
 
     PYTHONPATH=. python benchmarks/experiments/decode_rows.py --out $OUT
@@ -31,10 +32,19 @@ sys.path.insert(0, HERE)
 
 CASES = ("a16wfp4", "a16w8_pertoken", "a16w8_group128")
 VARIANTS = ("rows", "full")
+# --floors: "qrN" variants, at least N rows quantized (a power of two >= M, capped at BLOCK_M).
 
 
-def _full_rows(m: int, block_m: int) -> int:
-    return block_m
+def _rows_for(variant: str):
+    """quant_rows for a variant; the kernels' prequant_rows policies call it (A16W8 1x128 never
+    does: it always quantizes the whole tile)."""
+    shipped = _SHIPPED["shipped"]
+    if variant == "rows":
+        return shipped
+    if variant == "full":
+        return lambda m, block_m, floor=1: block_m
+    least = 2 if variant == "min2" else int(variant[2:])
+    return lambda m, block_m, floor=1: min(block_m, max(least, shipped(m, block_m, floor)))
 
 
 def _set_variant(variant: str) -> None:
@@ -42,7 +52,7 @@ def _set_variant(variant: str) -> None:
 
     if "shipped" not in _SHIPPED:
         _SHIPPED["shipped"] = gemm_fp8.quant_rows
-    rows = _SHIPPED["shipped"] if variant == "rows" else _full_rows
+    rows = _rows_for(variant)
     gemm_fp8.quant_rows = rows
     gemm_mxfp4.quant_rows = rows
 
@@ -56,10 +66,10 @@ def _make(case, m, n, k):
 
 
 def _compile(job):
-    case, m, n, k = job
+    case, m, n, k, variants = job
     try:
         calls, _ = _make(case, m, n, k)
-        for variant in VARIANTS:
+        for variant in variants:
             _set_variant(variant)
             calls[0]()
         torch.cuda.synchronize()
@@ -74,7 +84,11 @@ def main(argv=None):
     p.add_argument("--m", default="1,4,16")
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--floors", default=None,
+                   help="comma list of row floors: variants full + qrN instead of rows/full/min2")
     args = p.parse_args(argv)
+    variants = (["full"] + [f"qr{v}" for v in args.floors.split(",")] if args.floors
+                else list(VARIANTS))
 
     import bench_gemm_fp8 as fb
     from _rows import row_writer
@@ -84,21 +98,23 @@ def main(argv=None):
               "command": " ".join(sys.argv)}
     emit = row_writer(os.path.join(args.out, "decode_rows.json") if args.out else None, header)
     ms = [int(v) for v in args.m.split(",")]
-    jobs = [(c, m, n, k) for c in args.cases.split(",") for n, k in fb.SHAPES for m in ms]
+    jobs = [(c, m, n, k, variants) for c in args.cases.split(",") for n, k in fb.SHAPES
+            for m in ms]
     t0 = time.time()
     with mp.get_context("spawn").Pool(min(16, os.cpu_count() or 4)) as pool:
         errors = pool.map(_compile, jobs)
     print(f"compiled {len(jobs)} cases in {time.time() - t0:.0f} s", flush=True)
-    print(f"{'case':16} {'N x K':>11} {'M':>3} {'rows':>7} {'full':>7} {'bf16':>7} {'peer2':>7}")
+    print(f"{'case':16} {'N x K':>11} {'M':>3} " + " ".join(f"{v:>7}" for v in variants)
+          + f" {'bf16':>7} {'peer2':>7}")
     for job, err in zip(jobs, errors):
-        case, m, n, k = job
+        case, m, n, k, _ = job
         if err:
             emit({"case": case, "m": m, "n": n, "k": k, "error": err})
             continue
         calls, peers = _make(case, m, n, k)
-        best = {v: float("inf") for v in VARIANTS}
+        best = {v: float("inf") for v in variants}
         for _ in range(args.rounds):
-            for variant in VARIANTS:
+            for variant in variants:
                 _set_variant(variant)
                 best[variant] = min(best[variant], fb.time_us(calls, True))
         _set_variant("rows")
@@ -110,8 +126,8 @@ def main(argv=None):
                "bf16_linear_us": round(bf16, 2),
                "quant_scaled_mm_us": other_us and round(other_us, 2)}
         emit(row)
-        print(f"{case:16} {n:>5}x{k:<5} {m:>3} {best['rows']:7.2f} {best['full']:7.2f} "
-              f"{bf16:7.2f} {other_us or 0:7.2f}", flush=True)
+        print(f"{case:16} {n:>5}x{k:<5} {m:>3} " + " ".join(f"{best[v]:7.2f}" for v in variants)
+              + f" {bf16:7.2f} {other_us or 0:7.2f}", flush=True)
 
 
 _SHIPPED: dict = {}

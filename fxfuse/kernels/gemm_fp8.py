@@ -431,11 +431,22 @@ def table_name(a_kind: int, blockwise: bool) -> str:
     return BLOCK_TABLE if blockwise else KERNEL_NAME
 
 
-def quant_rows(m: int, block_m: int) -> int:
-    """Rows of x a prequant program quantizes: the power of two >= M when that is under
-    BLOCK_M (one M tile; the kernel repeats each over BLOCK_M / QUANT_ROWS tile rows), else
-    BLOCK_M. Decode (M = 1 in a 16-row tile) quantizes 1 row per K-tile instead of 16."""
-    return min(block_m, 1 << max(0, m - 1).bit_length())
+def quant_rows(m: int, block_m: int, floor: int = 1) -> int:
+    """Rows of x a prequant program quantizes (QUANT_ROWS): the power of two >= max(M, floor)
+    when that is under BLOCK_M (one M tile; the kernel repeats each over BLOCK_M / QUANT_ROWS
+    tile rows), else BLOCK_M."""
+    return min(block_m, max(floor, 1 << max(0, m - 1).bit_length()))
+
+
+def prequant_rows(a_kind, m: int, block_m: int) -> int:
+    """QUANT_ROWS of the A16W8 kernels. Per-token scales: at least 4 rows, one per warp of a
+    4-warp tile, so the row amax reduces within a warp: at M 1-4 that took 24576x1536 from 24.3
+    to 19.5 us, 7168x2048 15.3 -> 11.6, 3072x1536 10.6 -> 7.7, where 1-2 rows were no faster
+    (H100, experiments/decode_rows.py, results/decode_rows_floors.json). 1x128 groups: the whole
+    tile; fewer rows were slower at every M (24576x1536 21.6 -> 37.8 us at 2 rows)."""
+    if a_kind == A_ROW_AMAX or a_kind == A_ROW_PRESCALED:
+        return quant_rows(m, block_m, 4)
+    return block_m
 
 
 def split_k_plan(k: int, block_k: int, split_k: int) -> tuple[int, int]:
@@ -572,7 +583,7 @@ def _launch(
         NUM_K_TILES=_cdiv(k, bk),
         TILES_PER_SPLIT=tiles_per_split,
         SWAP_AB=bool(cfg["SWAP_AB"]),
-        QUANT_ROWS=bm if a_kind == A_FP8 else quant_rows(m, bm),
+        QUANT_ROWS=prequant_rows(a_kind, m, bm),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

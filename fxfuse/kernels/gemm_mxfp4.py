@@ -437,6 +437,17 @@ def _decode_ptx(device: torch.device, dot_scaled: bool, a_bf16: bool, cfg: dict)
     return pack if rows * (cfg["BLOCK_K"] // 2) >= pack * 32 * cfg["num_warps"] else 0
 
 
+def prequant_rows(m: int, block_m: int, swap_ab: bool) -> int:
+    """QUANT_ROWS of the A16WFP4 kernel: M = 1 quantizes one row (two in swapped tiles), M = 2
+    two, M >= 3 the whole tile. H100 (experiments/decode_rows.py,
+    results/decode_rows_floors.json), M = 1: 24576x1536 26.4 -> 23.3 us, 7168x2048 14.1 ->
+    12.8, 4096x512 4.8 -> 4.2, 2112x7168 (swapped) 14.5 -> 13.5 at two rows (14.9 at one); at
+    M = 4 four rows were 3 % slower at 24576x1536 and 8 rows slower everywhere."""
+    if m > 2:
+        return block_m
+    return quant_rows(m, block_m, 2 if swap_ab else 1)
+
+
 def _check_preshuffled(w, w_scale, n: int, k: int) -> None:
     """Shapes of preshuffle_weight_fp4(w) and preshuffle_scale_e8m0(w_scale) for (N, K)."""
     if n % 16 or (k // 2) % 32:
@@ -523,7 +534,7 @@ def _launch(
         SPLIT_K=split_k,
         TILES_PER_SPLIT=tiles_per_split,
         SWAP_AB=bool(cfg["SWAP_AB"]),
-        QUANT_ROWS=quant_rows(m, bm) if a_bf16 else bm,
+        QUANT_ROWS=prequant_rows(m, bm, bool(cfg["SWAP_AB"])) if a_bf16 else bm,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -156,8 +156,9 @@ def test_swap_ab_prequant_bytes(group_size, row_amax):
 @pytest.mark.parametrize("swap_ab", [0, 1])
 @pytest.mark.parametrize("group_size,row_amax", [(0, "kernel"), (0, "prepass"), (128, "auto")])
 def test_prequant_decode_rows(m, swap_ab, group_size, row_amax, monkeypatch):
-    """M below half the tile: the program quantizes only quant_rows(M) rows of x and repeats
-    them over the tile's rows; bytes, scales and the product must not change."""
+    """M below half the tile: the program quantizes quant_rows(M) rows of x and repeats them
+    over the tile's rows (forced here for every kind, whatever the shipped policy picks); bytes,
+    scales and the product must not change."""
     seen = []
     real_launch = kernels.launch
 
@@ -167,6 +168,7 @@ def test_prequant_decode_rows(m, swap_ab, group_size, row_amax, monkeypatch):
         return real_launch(kernel, grid, *args, **kwargs)
 
     monkeypatch.setattr(kernels, "launch", spy)
+    monkeypatch.setattr(kernels, "prequant_rows", lambda kind, m, bm: kernels.quant_rows(m, bm))
     n, k = 48, 256
     x = _activations(m, k, seed=20 + m)
     w, w_scale = _weights(n, k, FN, block=bool(group_size))
@@ -189,6 +191,14 @@ def test_quant_rows():
         1, 2, 4, 4, 8, 8, 16, 16, 16, 16,
     ]  # fmt: skip
     assert kernels.quant_rows(3, 64) == 4
+    assert [kernels.quant_rows(m, 16, 4) for m in (1, 2, 4, 5, 9)] == [4, 4, 4, 8, 16]
+
+
+def test_prequant_rows_policy():
+    """Per-token kinds quantize at least 4 rows at decode M; 1x128 groups the whole tile."""
+    for kind in (kernels.A_ROW_AMAX, kernels.A_ROW_PRESCALED):
+        assert [kernels.prequant_rows(kind, m, 16) for m in (1, 3, 4, 7, 9)] == [4, 4, 4, 8, 16]
+    assert [kernels.prequant_rows(kernels.A_GROUP, m, 16) for m in (1, 4, 16)] == [16, 16, 16]
 
 
 def test_swap_ab_must_be_a_flag():

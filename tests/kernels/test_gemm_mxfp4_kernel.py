@@ -164,6 +164,8 @@ def test_prequant_decode_rows(m, swap_ab, return_quant, monkeypatch):
         return real_launch(kernel, grid, *args, **kwargs)
 
     monkeypatch.setattr(mx_kernels, "launch", spy)
+    # Forced for every M (the shipped policy spreads at M <= 2 only).
+    monkeypatch.setattr(mx_kernels, "prequant_rows", lambda m, bm, swap: quant_rows(m, bm))
     x = _activations(m, 256, seed=30 + m)
     w, w_scale = _mx(48, 256, 31)
     config = {**SMALL, "SWAP_AB": swap_ab, "SPLIT_K": 2}
@@ -178,6 +180,12 @@ def test_prequant_decode_rows(m, swap_ab, return_quant, monkeypatch):
         assert torch.equal(res[2], ref_scale)
     a4w4 = gemm_mxfp4(ref_q, ref_scale, w, w_scale, torch.float32, config=config)
     torch.testing.assert_close(out, a4w4, rtol=1e-6, atol=1e-6)
+
+
+def test_prequant_rows_policy():
+    """One row at M = 1 (two in swapped tiles), two at M = 2, the whole tile from M = 3."""
+    assert [mx_kernels.prequant_rows(m, 16, False) for m in (1, 2, 3, 8)] == [1, 2, 16, 16]
+    assert [mx_kernels.prequant_rows(m, 32, True) for m in (1, 2, 3)] == [2, 2, 32]
 
 
 @pytest.mark.parametrize("split_k", [1, 2])
