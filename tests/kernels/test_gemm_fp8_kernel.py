@@ -152,10 +152,10 @@ def test_swap_ab_prequant_bytes(group_size, row_amax):
     assert _rel(out, ref) <= 1e-2
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 9])
+@pytest.mark.parametrize("m,floor", [(1, 1), (2, 1), (3, 1), (9, 1), (1, 4), (5, 4)])
 @pytest.mark.parametrize("swap_ab", [0, 1])
 @pytest.mark.parametrize("group_size,row_amax", [(0, "kernel"), (0, "prepass"), (128, "auto")])
-def test_prequant_decode_rows(m, swap_ab, group_size, row_amax, monkeypatch):
+def test_prequant_decode_rows(m, floor, swap_ab, group_size, row_amax, monkeypatch):
     """M below half the tile: the program quantizes quant_rows(M) rows of x and repeats them
     over the tile's rows (forced here for every kind, whatever the shipped policy picks); bytes,
     scales and the product must not change."""
@@ -168,7 +168,9 @@ def test_prequant_decode_rows(m, swap_ab, group_size, row_amax, monkeypatch):
         return real_launch(kernel, grid, *args, **kwargs)
 
     monkeypatch.setattr(kernels, "launch", spy)
-    monkeypatch.setattr(kernels, "prequant_rows", lambda kind, m, bm: kernels.quant_rows(m, bm))
+    monkeypatch.setattr(
+        kernels, "prequant_rows", lambda kind, m, bm: kernels.quant_rows(m, bm, floor)
+    )
     n, k = 48, 256
     x = _activations(m, k, seed=20 + m)
     w, w_scale = _weights(n, k, FN, block=bool(group_size))
@@ -177,8 +179,9 @@ def test_prequant_decode_rows(m, swap_ab, group_size, row_amax, monkeypatch):
         x, w, w_scale, group_size=group_size, row_amax=row_amax, return_quant=True,
         out_dtype=torch.float32, config=config,
     )  # fmt: skip
-    assert seen[-1] == kernels.quant_rows(m, 16)
+    assert seen[-1] == kernels.quant_rows(m, 16, floor)
     assert (seen[-1] < 16) == (m <= 8)  # M = 9 is the unspread case
+    assert seen[-1] >= m
     ref_q, ref_scale = quant_fp8_ref(x, group_size, FN)
     assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
     assert torch.equal(scale, ref_scale)
