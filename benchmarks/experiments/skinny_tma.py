@@ -72,6 +72,8 @@ def _skinny_fp8_tma(
             acc = tl.dot(w, tl.trans(a), acc)
     is_last = True
     if SPLIT_K > 1:
+        # gemm_fp8._split_k_reduce laid out for the transposed (BLOCK_N, BLOCK_M) tile, as timed
+        # (calling the shipped one would add a transpose of the accumulator).
         offs = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + offs_m[None, :]
         tile_ptr = partial_ptr + pid_n.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
         tl.store(tile_ptr + pid_k * (BLOCK_M * BLOCK_N) + offs, acc, mask=mask_m[None, :])
