@@ -6,8 +6,10 @@ quantize 16 rows, 15 of them padding; now a program quantizes quant_rows(M) rows
 two ≥ M, with a floor per kernel: `prequant_rows`) and repeats them over the tile. This times
 "rows" (the shipped code) and "full" (QUANT_ROWS = BLOCK_M, the old work) at the DeepSeek
 shapes of bench_gemm_fp8, alternating, and the bf16 F.linear / quant + _scaled_mm peers;
-`--floors 1,2,4,8` times "qrN" (at least N rows) instead of "rows". Each case is
-checked against its reference (bench_gemm_*.make_case) with the shipped code.
+`--floors 1,2,4,8` times "qrN" (at least N rows) instead of "rows"; `--tables` times the
+A16WFP4 decode with its tables as operands ("tables") against written into the PTX
+("written"). Each case is checked against its reference (bench_gemm_*.make_case) with the
+shipped code.
 
     PYTHONPATH=. python benchmarks/experiments/decode_rows.py --out $OUT
 
@@ -48,11 +50,14 @@ def _rows_for(variant: str):
 
 
 def _set_variant(variant: str) -> None:
+    """Patch the kernel modules for a variant: a row policy, or (--tables) the A16WFP4 e2m1
+    decode's tables as operands ("tables", shipped) or written into its PTX ("written")."""
     from fxfuse.kernels import gemm_fp8, gemm_mxfp4
 
     if "shipped" not in _SHIPPED:
         _SHIPPED["shipped"] = gemm_fp8.quant_rows
-    rows = _rows_for(variant)
+    gemm_mxfp4.PTX_TABLE_OPERANDS = variant != "written"
+    rows = _rows_for("rows" if variant in ("tables", "written") else variant)
     gemm_fp8.quant_rows = rows
     gemm_mxfp4.quant_rows = rows
 
@@ -86,9 +91,15 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--floors", default=None,
                    help="comma list of row floors: variants full + qrN instead of rows/full/min2")
+    p.add_argument("--tables", action="store_true",
+                   help="variants tables / written: the A16WFP4 decode's table operands")
     args = p.parse_args(argv)
-    variants = (["full"] + [f"qr{v}" for v in args.floors.split(",")] if args.floors
-                else list(VARIANTS))
+    if args.tables:
+        variants = ["tables", "written"]
+    elif args.floors:
+        variants = ["full"] + [f"qr{v}" for v in args.floors.split(",")]
+    else:
+        variants = list(VARIANTS)
 
     import bench_gemm_fp8 as fb
     from _rows import row_writer

@@ -144,10 +144,41 @@ prmt.b32 $2, l01, h01, 0x7351;
 prmt.b32 $3, l23, h23, 0x7351;
 }
 """
-# tests/kernels/test_gemm_mxfp4_kernel.py runs both strings in a Python model of the PTX.
+# The 4-byte decode with its three tables as operands ($5 low bytes, $9 high bytes, $13 sign;
+# each a 32-bit input the pack of 4 passes four times, only the first read): loaded once per
+# program from a device tensor, ptxas keeps them in registers for the whole K loop. Written
+# into the PTX (above), they were copied from uniform registers before every prmt: 84 of the
+# 848 SASS in a 16x64x256 K-loop (sm90 compile); with operands the swapped 16x64x128 loop went
+# 551 -> 461.
+E2M1_BF16_PTX4_TABLES_TEXT = """
+{
+.reg .b32 m01, m23, s01, s23, l01, l23, h01, h23;
+and.b32 m01, $4, 0x77777777;
+shr.u32 m23, m01, 16;
+shr.u32 s01, $4, 3;
+and.b32 s01, s01, 0x11111111;
+shr.u32 s23, s01, 16;
+prmt.b32 l01, $5, 0xC0804000, m01;
+prmt.b32 l23, $5, 0xC0804000, m23;
+prmt.b32 h01, $9, 0x40404040, m01;
+prmt.b32 h23, $9, 0x40404040, m23;
+prmt.b32 s01, $13, 0, s01;
+prmt.b32 s23, $13, 0, s23;
+or.b32 h01, h01, s01;
+or.b32 h23, h23, s23;
+prmt.b32 $0, l01, h01, 0x6240;
+prmt.b32 $1, l23, h23, 0x6240;
+prmt.b32 $2, l01, h01, 0x7351;
+prmt.b32 $3, l23, h23, 0x7351;
+}
+"""
+# The tables' words, in operand order (as int32: bit patterns).
+E2M1_BF16_PTX4_TABLES = (0xC0800000 - 2**32, 0x3F3F3F00, 0x00008000)
+# tests/kernels/test_gemm_mxfp4_kernel.py runs the strings in a Python model of the PTX.
 # A kernel reads globals only as constexpr.
 E2M1_BF16_PTX2 = tl.constexpr(E2M1_BF16_PTX2_TEXT)
 E2M1_BF16_PTX4 = tl.constexpr(E2M1_BF16_PTX4_TEXT)
+E2M1_BF16_PTX4T = tl.constexpr(E2M1_BF16_PTX4_TABLES_TEXT)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,15 +222,24 @@ def _per_byte(block_values, ROWS: tl.constexpr, KB: tl.constexpr):
 
 @triton.jit
 def _dequant_halves(packed, scale, ROWS: tl.constexpr, KB: tl.constexpr,
-                    DOT_DTYPE: tl.constexpr, DECODE_PTX: tl.constexpr):
+                    DOT_DTYPE: tl.constexpr, DECODE_PTX: tl.constexpr, tables=None):
     """(ROWS, KB) packed bytes, (ROWS, KB/16) e8m0 bytes → the values of the low nibbles (even k)
-    and of the high nibbles (odd k), (ROWS, KB) each in DOT_DTYPE."""
+    and of the high nibbles (odd k), (ROWS, KB) each in DOT_DTYPE. tables: None, or the 4-byte
+    decode's three table words (int32 scalars) for its operand form."""
     if DECODE_PTX:
         if DECODE_PTX == 2:
             lo, hi = tl.inline_asm_elementwise(
                 E2M1_BF16_PTX2, "=r,=r,h", [packed], dtype=(tl.bfloat16, tl.bfloat16),
                 is_pure=True, pack=2,
             )
+        elif tables is not None:
+            lo, hi = tl.inline_asm_elementwise(
+                E2M1_BF16_PTX4T, "=r,=r,=r,=r,r" + ",r" * 12,
+                [packed, tl.broadcast_to(tables[0], packed.shape),
+                 tl.broadcast_to(tables[1], packed.shape),
+                 tl.broadcast_to(tables[2], packed.shape)],
+                dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4,
+            )  # fmt: skip
         else:
             lo, hi = tl.inline_asm_elementwise(
                 E2M1_BF16_PTX4, "=r,=r,=r,=r,r", [packed], dtype=(tl.bfloat16, tl.bfloat16),
@@ -272,7 +312,7 @@ def _even_odd(values, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, DOT_DTYPE: tl.c
 def _gemm_mxfp4_kernel(
     # pointers
     a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr, partial_ptr, lock_ptr, q_out_ptr,
-    q_scale_out_ptr,
+    q_scale_out_ptr, table_ptr,
     # sizes
     M, N, K,
     # strides (a, w: bytes of the packed rows; preshuffled w / w_scale: rows of the shuffled views)
@@ -281,7 +321,7 @@ def _gemm_mxfp4_kernel(
     # switches
     A_BF16: tl.constexpr, ROUNDING: tl.constexpr, USE_DOT_SCALED: tl.constexpr,
     PRESHUFFLED: tl.constexpr, WRITE_QUANT: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    DECODE_PTX: tl.constexpr, EXACT_CASTS: tl.constexpr,
+    DECODE_PTX: tl.constexpr, PTX_TABLES: tl.constexpr, EXACT_CASTS: tl.constexpr,
     # meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SWAP_AB: tl.constexpr,
@@ -305,6 +345,9 @@ def _gemm_mxfp4_kernel(
     KB: tl.constexpr = BLOCK_K // 2
     KS: tl.constexpr = BLOCK_K // 32
 
+    tables = None
+    if PTX_TABLES:  # the weight decode's tables, in registers for the whole K loop
+        tables = (tl.load(table_ptr), tl.load(table_ptr + 1), tl.load(table_ptr + 2))
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)  # outᵀ: the weight rows fill the MMA's M
     else:
@@ -379,7 +422,8 @@ def _gemm_mxfp4_kernel(
                 acc = tl.dot_scaled(a_bytes, a_scale, "e2m1", tl.trans(w_bytes), w_scale, "e2m1",
                                     acc)
         else:
-            w_even, w_odd = _dequant_halves(w_bytes, w_scale, BLOCK_N, KB, DOT_DTYPE, DECODE_PTX)
+            w_even, w_odd = _dequant_halves(w_bytes, w_scale, BLOCK_N, KB, DOT_DTYPE, DECODE_PTX,
+                                            tables)
             if SWAP_AB:
                 acc = tl.dot(w_even, tl.trans(a_even), acc)
                 acc = tl.dot(w_odd, tl.trans(a_odd), acc)
@@ -415,6 +459,23 @@ DOT_SCALED_TARGETS = ("gfx950",)
 # Triton's inline asm aborts the process at compile time when a thread holds a count of elements
 # that the pack does not divide.
 PTX_PACK = {False: 2, True: 4}
+# The 4-byte decode takes its tables as operands (E2M1_BF16_PTX4_TABLES_TEXT); False: written in.
+PTX_TABLE_OPERANDS = True
+_TABLES: dict = {}
+
+
+def _decode_tables(device: torch.device) -> torch.Tensor:
+    """The 4-byte decode's table words on `device` (int32), one cached tensor per device. Filled
+    by fill kernels, not copied from the host, so that a first call inside CUDA-graph capture
+    works; a tensor made during capture belongs to that graph and is not cached."""
+    t = _TABLES.get(device)
+    if t is None:
+        t = torch.empty(len(E2M1_BF16_PTX4_TABLES), dtype=torch.int32, device=device)
+        for i, word in enumerate(E2M1_BF16_PTX4_TABLES):
+            t[i].fill_(word)
+        if not torch.cuda.is_current_stream_capturing():
+            _TABLES[device] = t
+    return t
 
 
 def _use_dot_scaled(use_dot_scaled: bool | None, target: str) -> bool:
@@ -492,6 +553,9 @@ def _launch(
     partials, locks = split_k_buffers(a.device, tiles, split_k, bm, bn)
     q_t = out if q_out is None else q_out
     qs_t = out if q_scale_out is None else q_scale_out
+    decode_ptx = _decode_ptx(a.device, dot_scaled, a_bf16, cfg)
+    ptx_tables = decode_ptx == 4 and PTX_TABLE_OPERANDS
+    tables = _decode_tables(a.device) if ptx_tables else out
     # The interpreter's bf16 dot is broken (triton 3.6): dot the same exact values in fp32.
     dot_dtype = tl.float32 if interpreting() else tl.bfloat16
     return launch(_gemm_mxfp4_kernel, (tiles, split_k),
@@ -504,6 +568,7 @@ def _launch(
         locks,
         q_t,
         qs_t,
+        tables,
         m,
         n,
         k,
@@ -525,7 +590,8 @@ def _launch(
         PRESHUFFLED=bool(preshuffled),
         WRITE_QUANT=q_out is not None,
         DOT_DTYPE=dot_dtype,
-        DECODE_PTX=_decode_ptx(a.device, dot_scaled, a_bf16, cfg),
+        DECODE_PTX=decode_ptx,
+        PTX_TABLES=ptx_tables,
         EXACT_CASTS=interpreting(),
         BLOCK_M=bm,
         BLOCK_N=bn,

@@ -3,7 +3,7 @@
 Triton's interpreter runs kernels as Python, so a kernel can pass every CPU test and still fail
 to compile (a `return` inside a compile-time `if` is followed by the code after it, say). These
 compile the prequant kernels with the decode-row spread (QUANT_ROWS below BLOCK_M) and without,
-in both tile orientations.
+in both tile orientations, and A16WFP4's e2m1 decode with its tables as operands and written in.
 """
 
 from __future__ import annotations
@@ -51,13 +51,15 @@ _COMPILE = textwrap.dedent(
                 gemm_fp8._gemm_fp8_kernel, fp8_pointers, ("quant_eps",), consts)
     mx_pointers = {"a_ptr": "*bf16", "a_scale_ptr": "*bf16", "w_ptr": "*u8", "w_scale_ptr": "*u8",
                    "out_ptr": "*bf16", "partial_ptr": "*fp32", "lock_ptr": "*i32",
-                   "q_out_ptr": "*u8", "q_scale_out_ptr": "*u8"}
-    for swap, quant_rows, write in ((1, 1, False), (0, 2, True), (1, 16, False)):
+                   "q_out_ptr": "*u8", "q_scale_out_ptr": "*u8", "table_ptr": "*i32"}
+    for swap, quant_rows, write, tables in ((1, 1, False, True), (0, 2, True, True),
+                                           (1, 16, False, True), (0, 16, False, False)):
         consts = dict(A_BF16=True, ROUNDING=0, USE_DOT_SCALED=False, PRESHUFFLED=False,
-                      WRITE_QUANT=write, DOT_DTYPE=tl.bfloat16, DECODE_PTX=4, EXACT_CASTS=False,
+                      WRITE_QUANT=write, DOT_DTYPE=tl.bfloat16, DECODE_PTX=4,
+                      PTX_TABLES=tables, EXACT_CASTS=False,
                       BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, SPLIT_K=2,
                       TILES_PER_SPLIT=2, SWAP_AB=swap, QUANT_ROWS=quant_rows)
-        found[f"mxfp4:{swap}:{quant_rows}"] = compile_one(
+        found[f"mxfp4:{swap}:{quant_rows}:{tables}"] = compile_one(
             gemm_mxfp4._gemm_mxfp4_kernel, mx_pointers, (), consts)
     print(json.dumps(found))
     """
@@ -74,4 +76,4 @@ def test_prequant_gemms_compile_for_sm90():
         pytest.skip(f"a GPU toolchain piece is missing: {proc.stderr.splitlines()[-1]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(found) == 18 and all(found.values()), found
+    assert len(found) == 19 and all(found.values()), found

@@ -21,6 +21,8 @@ from fxfuse.kernels import gemm_mxfp4 as mx_kernels
 from fxfuse.kernels.gemm_fp8 import quant_rows
 from fxfuse.kernels.gemm_mxfp4 import (
     E2M1_BF16_PTX2_TEXT,
+    E2M1_BF16_PTX4_TABLES,
+    E2M1_BF16_PTX4_TABLES_TEXT,
     E2M1_BF16_PTX4_TEXT,
     gemm_a16wfp4,
     gemm_mxfp4,
@@ -202,12 +204,15 @@ def test_swapped_tiles(split_k):
     torch.testing.assert_close(pre, plain, rtol=1e-6, atol=1e-6)
 
 
-def _run_ptx(asm: str, word: int, nbytes: int) -> list[int]:
+def _run_ptx(asm: str, word: int, nbytes: int, tables: tuple = ()) -> list[int]:
     """A Python model of the PTX subset the decodes use (and/shr/or/mov .b32, cvt.u32.u16 and
     prmt's default mode, immediates in any operand): run `asm` on its input register (nbytes 2:
-    the 16-bit $2; 4: $4) holding `word`, return its outputs ($0, $1 or $0..$3)."""
+    the 16-bit $2; 4: $4) holding `word`, return its outputs ($0, $1 or $0..$3). tables: the
+    table words the operand form takes, each in the first of its four operands ($5, $9, $13)."""
     outputs = nbytes
     regs = {f"${outputs}": word}
+    for i, t in enumerate(tables):
+        regs[f"${outputs + 1 + 4 * i}"] = t & 0xFFFFFFFF
 
     def val(tok):
         return regs[tok] if tok in regs else int(tok, 0)
@@ -239,8 +244,15 @@ def _run_ptx(asm: str, word: int, nbytes: int) -> list[int]:
     return [regs[f"${i}"] for i in range(outputs)]
 
 
-@pytest.mark.parametrize("nbytes,asm", [(2, E2M1_BF16_PTX2_TEXT), (4, E2M1_BF16_PTX4_TEXT)])
-def test_ptx_decode_model_gives_e2m1_as_bf16(nbytes, asm):
+@pytest.mark.parametrize(
+    "nbytes,asm,tables",
+    [
+        (2, E2M1_BF16_PTX2_TEXT, ()),
+        (4, E2M1_BF16_PTX4_TEXT, ()),
+        (4, E2M1_BF16_PTX4_TABLES_TEXT, E2M1_BF16_PTX4_TABLES),
+    ],
+)
+def test_ptx_decode_model_gives_e2m1_as_bf16(nbytes, asm, tables):
     """Every byte value in every position of the input register decodes to bf16(e2m1(code)) of
     its low nibble in the first half of the outputs and of its high nibble in the second (bf16x2
     registers, byte i in register i // 2, half i % 2: the layout the kernel dots)."""
@@ -253,7 +265,7 @@ def test_ptx_decode_model_gives_e2m1_as_bf16(nbytes, asm):
     for byte in range(256):
         for pos in range(nbytes):
             word = (byte << (8 * pos)) | (0x5A << (8 * ((pos + 1) % nbytes)))  # a neighbour byte
-            regs = _run_ptx(asm, word, nbytes)
+            regs = _run_ptx(asm, word, nbytes, tables)
             lo_regs, hi_regs = regs[: nbytes // 2], regs[nbytes // 2 :]
             lo = (lo_regs[pos // 2] >> (16 * (pos % 2))) & 0xFFFF
             hi = (hi_regs[pos // 2] >> (16 * (pos % 2))) & 0xFFFF
