@@ -8,8 +8,8 @@ two ≥ M, with a floor per kernel: `prequant_rows`) and repeats them over the t
 shapes of bench_gemm_fp8, alternating, and the bf16 F.linear / quant + _scaled_mm peers;
 `--floors 1,2,4,8` times "qrN" (at least N rows) instead of "rows"; `--tables` times the
 A16WFP4 decode with its tables as operands ("tables") against written into the PTX
-("written"). Each case is checked against its reference (bench_gemm_*.make_case) with the
-shipped code.
+("written"). Each case is checked against its reference (bench_gemm_*.make_case) under every
+variant before it is timed.
 
     PYTHONPATH=. python benchmarks/experiments/decode_rows.py --out $OUT
 
@@ -51,12 +51,12 @@ def _rows_for(variant: str):
 
 def _set_variant(variant: str) -> None:
     """Patch the kernel modules for a variant: a row policy, or (--tables) the A16WFP4 e2m1
-    decode's tables as operands ("tables", shipped) or written into its PTX ("written")."""
+    decode's tables as operands ("tables") or written into its PTX ("written", the default)."""
     from fxfuse.kernels import gemm_fp8, gemm_mxfp4
 
     if "shipped" not in _SHIPPED:
         _SHIPPED["shipped"] = gemm_fp8.quant_rows
-    gemm_mxfp4.PTX_TABLE_OPERANDS = variant != "written"
+    gemm_mxfp4.PTX_TABLE_OPERANDS = variant == "tables"
     rows = _rows_for("rows" if variant in ("tables", "written") else variant)
     gemm_fp8.quant_rows = rows
     gemm_mxfp4.quant_rows = rows
@@ -122,8 +122,18 @@ def main(argv=None):
         if err:
             emit({"case": case, "m": m, "n": n, "k": k, "error": err})
             continue
-        calls, peers = _make(case, m, n, k)
         best = {v: float("inf") for v in variants}
+        try:
+            for variant in variants:  # each variant checked against the reference first
+                _set_variant(variant)
+                _make(case, m, n, k)
+        except AssertionError as e:
+            emit({"case": case, "m": m, "n": n, "k": k, "variant": variant, "error": str(e)})
+            print(f"{case} {n}x{k} M={m} {variant}: CHECK FAILED {e}", flush=True)
+            continue
+        finally:
+            _set_variant("rows")
+        calls, peers = _make(case, m, n, k)
         for _ in range(args.rounds):
             for variant in variants:
                 _set_variant(variant)

@@ -147,9 +147,9 @@ prmt.b32 $3, l23, h23, 0x7351;
 # The 4-byte decode with its three tables as operands ($5 low bytes, $9 high bytes, $13 sign;
 # each a 32-bit input the pack of 4 passes four times, only the first read): loaded once per
 # program from a device tensor, ptxas keeps them in registers for the whole K loop. Written
-# into the PTX (above), they were copied from uniform registers before every prmt: 84 of the
+# into the PTX (above), they are copied from uniform registers before every prmt: 84 of the
 # 848 SASS in a 16x64x256 K-loop (sm90 compile); with operands the swapped 16x64x128 loop went
-# 551 -> 461.
+# 551 -> 461. Off until timed (PTX_TABLE_OPERANDS).
 E2M1_BF16_PTX4_TABLES_TEXT = """
 {
 .reg .b32 m01, m23, s01, s23, l01, l23, h01, h23;
@@ -459,8 +459,10 @@ DOT_SCALED_TARGETS = ("gfx950",)
 # Triton's inline asm aborts the process at compile time when a thread holds a count of elements
 # that the pack does not divide.
 PTX_PACK = {False: 2, True: 4}
-# The 4-byte decode takes its tables as operands (E2M1_BF16_PTX4_TABLES_TEXT); False: written in.
-PTX_TABLE_OPERANDS = True
+# The 4-byte decode with its tables as operands (E2M1_BF16_PTX4_TABLES_TEXT) instead of written
+# in. Off: compiled for sm90 and checked in the PTX model only; no GPU ran it yet (no device
+# machine came, 2026-12-06). `benchmarks/experiments/decode_rows.py --tables` checks and times it.
+PTX_TABLE_OPERANDS = False
 _TABLES: dict = {}
 
 
@@ -473,7 +475,7 @@ def _decode_tables(device: torch.device) -> torch.Tensor:
         t = torch.empty(len(E2M1_BF16_PTX4_TABLES), dtype=torch.int32, device=device)
         for i, word in enumerate(E2M1_BF16_PTX4_TABLES):
             t[i].fill_(word)
-        if not torch.cuda.is_current_stream_capturing():
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             _TABLES[device] = t
     return t
 

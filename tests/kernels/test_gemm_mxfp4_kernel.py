@@ -184,6 +184,14 @@ def test_prequant_decode_rows(m, swap_ab, return_quant, monkeypatch):
     torch.testing.assert_close(out, a4w4, rtol=1e-6, atol=1e-6)
 
 
+def test_decode_tables_words():
+    """The table words the operand form loads: the ones the PTX model decodes with, as int32."""
+    t = mx_kernels._decode_tables(torch.device("cpu"))
+    assert t.dtype == torch.int32
+    assert [w & 0xFFFFFFFF for w in t.tolist()] == [0xC0800000, 0x3F3F3F00, 0x00008000]
+    assert mx_kernels._decode_tables(torch.device("cpu")) is t  # cached
+
+
 def test_prequant_rows_policy():
     """One row at M = 1 (two in swapped tiles), two at M = 2, the whole tile from M = 3."""
     assert [mx_kernels.prequant_rows(m, 16, False) for m in (1, 2, 3, 8)] == [1, 2, 16, 16]
@@ -403,10 +411,14 @@ def test_gpu_deepseek_shape(m, use_dot_scaled):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("m", [1, 16, 64])
 @pytest.mark.parametrize("swap,bn,warps", [(0, 64, 4), (1, 64, 4), (1, 128, 4), (0, 32, 8)])
-def test_gpu_decode_and_swap_configs(m, swap, bn, warps):
+@pytest.mark.parametrize("table_operands", [False, True])
+def test_gpu_decode_and_swap_configs(m, swap, bn, warps, table_operands, monkeypatch):
     """The inline-PTX decodes (2-byte calls for AFP4WFP4, 4-byte for A16WFP4, on where each
-    thread holds that many bytes of a tile) and swapped tiles, at a DeepSeek shape."""
+    thread holds that many bytes of a tile; the 4-byte one with its tables written in and as
+    operands) and swapped tiles, at a DeepSeek shape."""
     from fxfuse.kernels import gemm_mxfp4 as mod
+
+    monkeypatch.setattr(mod, "PTX_TABLE_OPERANDS", table_operands)
 
     n, k = 2112, 7168
     config = {
