@@ -8,6 +8,10 @@ A16W8: each program quantizes its bf16 activation tile in registers by the rule 
 `rms_norm_quant_ref.quant_fp8_ref` (per token, or 1×128 groups), bit for bit, then does the above.
 Per-token needs the row amax over all of K: either a first loop over K inside the GEMM (tiny M,
 where re-reading x per program is cheap) or a pre-pass kernel writing the (M,) scales.
+Decode M (one M tile, M < BLOCK_M / 2): a program quantizes QUANT_ROWS rows of x, not the whole
+tile, and repeats each over BLOCK_M / QUANT_ROWS tile rows (`_spread_rows`); only the first
+row of each repeat is stored. `prequant_rows` picks QUANT_ROWS per kernel from measurements
+(the MXFP4 kernel shares the mechanism).
 
 Layouts: q (M, K) and w (N, K) fp8 with any strides (read as bytes); x_scale (M, 1) / () / (1,)
 or (M, K/128) row- or column-major; w_scale (N,) / (N, 1) / () / (1,) or (ceil(N/128), K/128);
