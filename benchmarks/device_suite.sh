@@ -68,6 +68,10 @@ for s in $STEPS; do
     rms_table)  # install the sweep's sm90 table before timing with it
       install_sm90 rms_norm_quant "$RES/rms_norm_quant_sweep.json" sm90 ;;
     chain) step chain "${T_CHAIN:-150}" python benchmarks/bench_chain.py ${CHAIN_ARGS:-} --out "$RES" ;;
+    decode_rows) step decode_rows "${T_DECODE_ROWS:-200}" python benchmarks/experiments/decode_rows.py ${DECODE_ROWS_ARGS:-} --out "$RES" ;;
+    decode_tables)  # the A16WFP4 decode's table operands: GPU-checked (tests), then timed
+      step decode_tables_tests "${T_TESTS:-120}" python -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_gemm_mxfp4_kernel.py -k decode_and_swap
+      step decode_tables "${T_DECODE_ROWS:-200}" python benchmarks/experiments/decode_rows.py --tables --cases a16wfp4 --m ${DECODE_TABLES_M:-1,16,32} --out "$RES" ;;
     demo) step demo "${T_DEMO:-90}" python -m fxfuse demo ;;
     layer) step layer "${T_LAYER:-60}" python benchmarks/bench_layer.py ${LAYER_ARGS:-} --out "$RES" ;;
     *) echo "unknown step $s" ;;
