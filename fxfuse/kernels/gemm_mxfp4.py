@@ -117,61 +117,45 @@ prmt.b32 $1, l, h, 0x7351;
 }
 """
 # Four bytes e0..e3 ($4) → the low nibbles' bf16x2 ($0 = e0, e1; $1 = e2, e3) and the high ones'
-# ($2, $3); the tables sit in `a` through a register (known-good PTX only ever has an immediate
-# as `b` or `c`).
-E2M1_BF16_PTX4_TEXT = """
-{
-.reg .b32 m01, m23, s01, s23, l01, l23, h01, h23, lut;
+# ($2, $3). One text, two forms of its three tables (low bytes, high bytes, sign), each read as
+# `a` of two prmts:
+# - E2M1_BF16_PTX4_TEXT, the shipped form: written in, through a register `lut` (known-good PTX
+#   only ever has an immediate as `b` or `c`);
+# - E2M1_BF16_PTX4_TABLES_TEXT: operands $5, $9, $13 (each a 32-bit input that the pack of 4
+#   passes four times; only the first is read), loaded once per program from a device tensor,
+#   so ptxas keeps them in registers for the whole K loop. Written in, they are copied from
+#   uniform registers before every prmt: 84 of the 848 SASS in a 16x64x256 K-loop (sm90
+#   compile). With operands the swapped 16x64x128 loop went 551 -> 461. Off until timed
+#   (PTX_TABLE_OPERANDS).
+_E2M1_BF16_PTX4 = """
+{{
+.reg .b32 m01, m23, s01, s23, l01, l23, h01, h23{lut};
 and.b32 m01, $4, 0x77777777;
 shr.u32 m23, m01, 16;
 shr.u32 s01, $4, 3;
 and.b32 s01, s01, 0x11111111;
 shr.u32 s23, s01, 16;
-mov.b32 lut, 0xC0800000;
-prmt.b32 l01, lut, 0xC0804000, m01;
-prmt.b32 l23, lut, 0xC0804000, m23;
-mov.b32 lut, 0x3F3F3F00;
-prmt.b32 h01, lut, 0x40404040, m01;
-prmt.b32 h23, lut, 0x40404040, m23;
-mov.b32 lut, 0x00008000;
-prmt.b32 s01, lut, 0, s01;
-prmt.b32 s23, lut, 0, s23;
+{mov_low}prmt.b32 l01, {low}, 0xC0804000, m01;
+prmt.b32 l23, {low}, 0xC0804000, m23;
+{mov_high}prmt.b32 h01, {high}, 0x40404040, m01;
+prmt.b32 h23, {high}, 0x40404040, m23;
+{mov_sign}prmt.b32 s01, {sign}, 0, s01;
+prmt.b32 s23, {sign}, 0, s23;
 or.b32 h01, h01, s01;
 or.b32 h23, h23, s23;
 prmt.b32 $0, l01, h01, 0x6240;
 prmt.b32 $1, l23, h23, 0x6240;
 prmt.b32 $2, l01, h01, 0x7351;
 prmt.b32 $3, l23, h23, 0x7351;
-}
+}}
 """
-# The 4-byte decode with its three tables as operands ($5 low bytes, $9 high bytes, $13 sign;
-# each a 32-bit input the pack of 4 passes four times, only the first read): loaded once per
-# program from a device tensor, ptxas keeps them in registers for the whole K loop. Written
-# into the PTX (above), they are copied from uniform registers before every prmt: 84 of the
-# 848 SASS in a 16x64x256 K-loop (sm90 compile); with operands the swapped 16x64x128 loop went
-# 551 -> 461. Off until timed (PTX_TABLE_OPERANDS).
-E2M1_BF16_PTX4_TABLES_TEXT = """
-{
-.reg .b32 m01, m23, s01, s23, l01, l23, h01, h23;
-and.b32 m01, $4, 0x77777777;
-shr.u32 m23, m01, 16;
-shr.u32 s01, $4, 3;
-and.b32 s01, s01, 0x11111111;
-shr.u32 s23, s01, 16;
-prmt.b32 l01, $5, 0xC0804000, m01;
-prmt.b32 l23, $5, 0xC0804000, m23;
-prmt.b32 h01, $9, 0x40404040, m01;
-prmt.b32 h23, $9, 0x40404040, m23;
-prmt.b32 s01, $13, 0, s01;
-prmt.b32 s23, $13, 0, s23;
-or.b32 h01, h01, s01;
-or.b32 h23, h23, s23;
-prmt.b32 $0, l01, h01, 0x6240;
-prmt.b32 $1, l23, h23, 0x6240;
-prmt.b32 $2, l01, h01, 0x7351;
-prmt.b32 $3, l23, h23, 0x7351;
-}
-"""
+E2M1_BF16_PTX4_TEXT = _E2M1_BF16_PTX4.format(
+    lut=", lut", low="lut", high="lut", sign="lut", mov_low="mov.b32 lut, 0xC0800000;\n",
+    mov_high="mov.b32 lut, 0x3F3F3F00;\n", mov_sign="mov.b32 lut, 0x00008000;\n",
+)
+E2M1_BF16_PTX4_TABLES_TEXT = _E2M1_BF16_PTX4.format(
+    lut="", low="$5", high="$9", sign="$13", mov_low="", mov_high="", mov_sign=""
+)
 # The tables' words, in operand order (as int32: bit patterns).
 E2M1_BF16_PTX4_TABLES = (0xC0800000 - 2**32, 0x3F3F3F00, 0x00008000)
 # tests/kernels/test_gemm_mxfp4_kernel.py runs the strings in a Python model of the PTX.
