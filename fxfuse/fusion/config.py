@@ -43,13 +43,17 @@ class FusionConfig:
 
     enable: pattern names to run (None: all); disable: names not to run (FXFUSE_DISABLE adds to
     it); prologue_quant_max_m: token counts up to this use the GEMM that quantizes in its
-    prologue; target: gfx950 | gfx942 | sm90 | cpu (None: FXFUSE_TARGET, else detected).
+    prologue; target: gfx950 | gfx942 | sm90 | cpu (None: FXFUSE_TARGET, else detected);
+    prepack_weights: after fusing, store the MXFP4 GEMMs' constant weights in gfx950's
+    preshuffled layouts (SPEC §2) — None: where the target is gfx950, True / False: always /
+    never (every target's kernels read both layouts).
     """
 
     enable: tuple[str, ...] | None = None
     disable: tuple[str, ...] = ()
     prologue_quant_max_m: int = 32
     target: str | None = None
+    prepack_weights: bool | None = None
 
     def __post_init__(self):
         if self.enable is not None:
@@ -64,6 +68,14 @@ class FusionConfig:
             raise ValueError(f"prologue_quant_max_m: expected an int >= 0, got {m!r}")
         if self.target is not None and self.target not in TARGETS:
             raise ValueError(f"target: expected one of {TARGETS}, got {self.target!r}")
+        if self.prepack_weights is not None and not isinstance(self.prepack_weights, bool):
+            raise ValueError(
+                f"prepack_weights: expected None, True or False, got {self.prepack_weights!r}"
+            )
+
+    def prepacks(self, target: str) -> bool:
+        """Whether the weight-prepack pass runs for `target`."""
+        return target == "gfx950" if self.prepack_weights is None else self.prepack_weights
 
     def enabled(self, name: str) -> bool:
         disabled = set(self.disable) | set(parse_disable_env(os.environ.get("FXFUSE_DISABLE")))

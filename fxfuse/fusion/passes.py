@@ -1,4 +1,5 @@
-"""The pass manager: simplify → canonicalize → merge duplicates → fuse (most-fused first) → lint."""
+"""The pass manager: simplify → canonicalize → merge duplicates → fuse (most-fused first) →
+[prepack weights] → lint."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from fxfuse import patterns
 from fxfuse.fusion.cleanup import VIEWS, finish, merge_duplicates, simplify
 from fxfuse.fusion.config import PATTERN_NAMES, FusionConfig
 from fxfuse.fusion.engine import fake_mode_of, run_rule
+from fxfuse.fusion.prepack import prepack_weights
 from fxfuse.fusion.report import FusionReport
 from fxfuse.patterns.rule import Context
 
@@ -37,5 +39,12 @@ def run_passes(module: fx.GraphModule | fx.Graph, config: FusionConfig | None = 
         if config.enabled(rule.name):
             run_rule(rule, ctx)
             graph.lint()
+    if config.prepacks(target):
+        if isinstance(module, fx.GraphModule):
+            prepack_weights(module, report)
+        else:
+            report.prepack_skipped.append(
+                ("graph", "weights are graph inputs here (torch.compile), not module constants")
+            )
     finish(module)
     return report

@@ -26,6 +26,10 @@ class FusionReport:
     target: str = "cpu"
     # Node made by a rewrite (canonicalization or fusion) -> names of the nodes its match covered.
     sources: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # The weight-prepack pass (not a pattern: no count): (GEMM node, weight attribute) stored in
+    # gfx950's preshuffled layouts, and (GEMM node, reason) for MXFP4 weights left as they were.
+    prepacked: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    prepack_skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     def add_rewrite(
         self,
@@ -52,6 +56,8 @@ class FusionReport:
         self.rejected.extend(r for r in other.rejected if r not in self.rejected)
         self.rewrites.extend(other.rewrites)
         self.sources.update(other.sources)
+        self.prepacked.extend(other.prepacked)
+        self.prepack_skipped.extend(other.prepack_skipped)
         self.target = other.target
 
     @property
@@ -76,6 +82,12 @@ class FusionReport:
         if self.rejected:
             lines.append("  near-misses:")
             lines.extend(f"    {p}: {n}: {why}" for p, n, why in self.rejected)
+        if self.prepacked:
+            lines.append("  weights prepacked (gfx950 preshuffled layouts):")
+            lines.extend(f"    {n}: {w}" for n, w in self.prepacked)
+        if self.prepack_skipped:
+            lines.append("  weights not prepacked:")
+            lines.extend(f"    {n}: {why}" for n, why in self.prepack_skipped)
         return "\n".join(lines)
 
     __repr__ = __str__

@@ -211,6 +211,41 @@ def preshuffle_scale_e8m0(s: torch.Tensor) -> torch.Tensor:
     return shuffled.reshape(r // 32, c * 32)
 
 
+def preshuffled_shapes(n: int, k: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(weight shape, scale shape) of N × K MXFP4 weights in the preshuffled layouts."""
+    rows, cols = -(-n // 256) * 256, -(-(k // formats.MXFP4_BLOCK) // 8) * 8
+    return (n // 16, k // 2 * 16), (rows // 32, cols * 32)
+
+
+def mxfp4_weight_layout(w, w_scale, k: int) -> tuple[int, bool]:
+    """(N, preshuffled) of MXFP4 weights for reduction size K, told apart by shape: plain
+    (N, K/2) bytes, or the preshuffled (N/16, K/2·16) that a weight-prepack pass made (8·K
+    bytes a row, never K/2). Checks the scales' shape against the layout (ValueError naming
+    the argument); the plain layout's other checks stay with `check_gemm_mxfp4_args`."""
+    _check_tensor("w", w, (torch.uint8,), 2)
+    _check_tensor("w_scale", w_scale, (torch.uint8,), 2)
+    if w.shape[1] != k // 2 * 16:
+        return w.shape[0], False
+    n = 16 * w.shape[0]
+    if (k // 2) % 32:
+        raise ValueError(f"w: preshuffled weights need K/2 % 32 == 0, got K = {k}")
+    _, scale_shape = preshuffled_shapes(n, k)
+    if _shape(w_scale) != scale_shape:
+        raise ValueError(
+            f"w_scale: expected the preshuffled {scale_shape} for N = {n}, K = {k}, "
+            f"got {_shape(w_scale)}"
+        )
+    return n, True
+
+
+def unshuffled_weights(w, w_scale, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w, w_scale) in the plain layouts, whichever layout they are in."""
+    n, preshuffled = mxfp4_weight_layout(w, w_scale, k)
+    if not preshuffled:
+        return w, w_scale
+    return unshuffle_weight_fp4(w), unshuffle_scale_e8m0(w_scale, n, k // formats.MXFP4_BLOCK)
+
+
 def unshuffle_scale_e8m0(s_shuffled: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """Inverse of `preshuffle_scale_e8m0`: the (rows, cols) scales, padding dropped."""
     _check_tensor("s_shuffled", s_shuffled, (torch.uint8,), 2)

@@ -219,10 +219,26 @@ def _gemm_fp8(q, x_scale, w, w_scale, out_dtype):
     return gemm_ref.gemm_fp8_ref(q, x_scale, w, w_scale, out_dtype)
 
 
+def _mxfp4_layout(w, w_scale, k: int) -> dict:
+    """The kernels' layout arguments for MXFP4 weights, plain or preshuffled (told by shape,
+    `gemm_ref.mxfp4_weight_layout`; the weight-prepack pass makes the preshuffled ones)."""
+    n, preshuffled = gemm_ref.mxfp4_weight_layout(w, w_scale, k)
+    return {"preshuffled": True, "n": n} if preshuffled else {}
+
+
 def _gemm_mxfp4(q, x_scale, w, w_scale, out_dtype):
     if use_triton(q, w):
-        return _mxfp4_kernels().gemm_mxfp4(q, x_scale, w, w_scale, out_dtype)
+        layout = _mxfp4_layout(w, w_scale, 2 * q.shape[1])
+        return _mxfp4_kernels().gemm_mxfp4(q, x_scale, w, w_scale, out_dtype, **layout)
+    w, w_scale = gemm_ref.unshuffled_weights(w, w_scale, 2 * q.shape[1])
     return gemm_ref.gemm_mxfp4_ref(q, x_scale, w, w_scale, out_dtype)
+
+
+def _mxfp4_out_features(k: int, w, w_scale=None) -> int:
+    """N of MXFP4 weights (plain or preshuffled) for reduction size K."""
+    if w_scale is None:  # the fakes of the chain ops see w only: its row width tells
+        return 16 * w.shape[0] if w.dim() == 2 and w.shape[1] == k // 2 * 16 else w.shape[0]
+    return gemm_ref.mxfp4_weight_layout(w, w_scale, k)[0]
 
 
 @fused_op("fxfuse::gemm_fp8", mutates_args=())
@@ -257,8 +273,10 @@ def gemm_mxfp4(
 
 @gemm_mxfp4.register_fake
 def _(q, x_scale, w, w_scale, out_dtype=torch.bfloat16):
-    gemm_ref.check_gemm_mxfp4_args(q, x_scale, w, w_scale, out_dtype)
-    return q.new_empty((q.shape[0], w.shape[0]), dtype=out_dtype)
+    n, preshuffled = gemm_ref.mxfp4_weight_layout(w, w_scale, 2 * q.shape[1])
+    if not preshuffled:
+        gemm_ref.check_gemm_mxfp4_args(q, x_scale, w, w_scale, out_dtype)
+    return q.new_empty((q.shape[0], n), dtype=out_dtype)
 
 
 # --- the prequant GEMMs (activation quantized in the GEMM's prologue) ---------------------------
@@ -269,9 +287,11 @@ def _prequant_gemm(y, w, w_scale, out_dtype, quant_args):
     if quant_args["quant"] == "mxfp4":
         if use_triton(y, w):
             return _mxfp4_kernels().gemm_a16wfp4(
-                y, w, w_scale, rounding=quant_args["rounding"], out_dtype=out_dtype
+                y, w, w_scale, rounding=quant_args["rounding"], out_dtype=out_dtype,
+                **_mxfp4_layout(w, w_scale, y.shape[-1]),
             )
         q, s = quant_mxfp4_ref(y, quant_args["rounding"])
+        w, w_scale = gemm_ref.unshuffled_weights(w, w_scale, y.shape[-1])
         return gemm_ref.gemm_mxfp4_ref(q, s, w, w_scale, out_dtype)
     kwargs = {k: quant_args[k] for k in ("group_size", "quant_eps", "eps_on_scale", "apply_reciprocal")}
     if use_triton(y, w):
@@ -332,7 +352,10 @@ def _rows(x: torch.Tensor):
 def _gemm_fake(x, w, quant_args, out_dtype, max_m):
     """(M, N): x (..., K) is flattened to M rows, as the GEMM it replaces saw them."""
     _check_dispatch_args(x, w, quant_args, max_m)
-    return x.new_empty((_rows(x), w.shape[0]), dtype=out_dtype)
+    n = w.shape[0]
+    if quant_args["quant"] == "mxfp4":
+        n = _mxfp4_out_features(x.shape[-1], w)
+    return x.new_empty((_rows(x), n), dtype=out_dtype)
 
 
 @fused_op("fxfuse::rms_norm_quant_gemm", mutates_args=())

@@ -1,0 +1,158 @@
+"""The weight-prepack pass (`fxfuse/fusion/prepack.py`): MXFP4 GEMM weights that are module
+constants are stored in gfx950's preshuffled layouts after fusing, where the target is gfx950
+(or when asked), and the fused module's results do not change. Kernels run in Triton's
+interpreter (tests/conftest.py); `reference_path` runs the ops' torch references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fxfuse
+from fxfuse.fusion.passes import run_passes
+from fxfuse.fusion.prepack import PREFIX
+from fxfuse.kernels.gemm_ref import (
+    preshuffle_scale_e8m0,
+    preshuffle_weight_fp4,
+    preshuffled_shapes,
+)
+from fxfuse.kernels.rms_norm_quant_ref import quant_mxfp4_ref
+
+K = 64
+
+
+def _weights(n, k=K, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return quant_mxfp4_ref(torch.randn(n, k, generator=g), "even")
+
+
+class MxLinear(torch.nn.Module):
+    """quant_mxfp4 → gemm_mxfp4 with buffer weights (quant_gemm fuses the two)."""
+
+    def __init__(self, n, k=K):
+        super().__init__()
+        w, w_scale = _weights(n, k)
+        self.register_buffer("w", w)
+        self.register_buffer("w_scale", w_scale)
+
+    def forward(self, x):
+        q, s = fxfuse.ops.quant_mxfp4(x)
+        return fxfuse.ops.gemm_mxfp4(q, s, self.w, self.w_scale, torch.float32)
+
+
+class MxLinearInputs(torch.nn.Module):
+    """The same GEMM with the weights passed in: nothing to prepack."""
+
+    def forward(self, x, w, w_scale):
+        q, s = fxfuse.ops.quant_mxfp4(x)
+        return fxfuse.ops.gemm_mxfp4(q, s, w, w_scale, torch.float32)
+
+
+def _x(m, k=K, seed=2):
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+def _gemm_node(gm):
+    (node,) = [n for n in gm.graph.nodes if n.target is torch.ops.fxfuse.quant_gemm.default]
+    return node
+
+
+def _attr(gm, node):
+    return getattr(gm, node.target)
+
+
+@pytest.mark.parametrize("n", [32, 48])
+def test_gfx950_prepacks_and_results_stay(n):
+    model = MxLinear(n)
+    dims = {"x": {0: torch.export.Dim("m", min=2, max=256)}}
+    x = _x(40)
+    packed = fxfuse.apply_fusions(
+        model, (x,), config=fxfuse.FusionConfig(target="gfx950"), dynamic_shapes=dims
+    )
+    plain = fxfuse.apply_fusions(
+        MxLinear(n), (x,), dynamic_shapes=dims,
+        config=fxfuse.FusionConfig(target="gfx950", prepack_weights=False),
+    )  # fmt: skip
+    report = packed.fxfuse_report
+    assert report.counts["quant_gemm"] == 1
+    assert [w for _, w in report.prepacked] == [PREFIX + "w"]
+    assert not plain.fxfuse_report.prepacked
+    node = _gemm_node(packed)
+    w_node, ws_node = node.args[-4], node.args[-3]
+    w_shape, s_shape = preshuffled_shapes(n, K)
+    assert tuple(_attr(packed, w_node).shape) == w_shape
+    assert tuple(_attr(packed, ws_node).shape) == s_shape
+    assert torch.equal(_attr(packed, w_node), preshuffle_weight_fp4(model.w))
+    assert torch.equal(_attr(packed, ws_node), preshuffle_scale_e8m0(model.w_scale))
+    names = dict(packed.named_buffers())
+    assert "w" not in names and "w_scale" not in names  # the plain copies are dropped
+    assert "weights prepacked" in str(report)
+    for m in (3, 40):  # both sides of the prologue-quant dispatch (32)
+        xm = _x(m, seed=m)
+        out = packed(xm)
+        torch.testing.assert_close(out, plain(xm), rtol=0, atol=0)
+        torch.testing.assert_close(out, model(xm), rtol=1e-5, atol=1e-5)
+
+
+def test_reference_path_reads_preshuffled_weights(reference_path):
+    model = MxLinear(32)
+    x = _x(5)
+    packed = fxfuse.apply_fusions(model, (x,), config=fxfuse.FusionConfig(prepack_weights=True))
+    assert len(packed.fxfuse_report.prepacked) == 1
+    torch.testing.assert_close(packed(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_not_on_other_targets_unless_asked():
+    x = _x(4)
+    for target in ("sm90", "gfx942", "cpu"):
+        fused = fxfuse.apply_fusions(MxLinear(32), (x,), config=fxfuse.FusionConfig(target=target))
+        assert not fused.fxfuse_report.prepacked and not fused.fxfuse_report.prepack_skipped
+    asked = fxfuse.FusionConfig(target="sm90", prepack_weights=True)
+    assert len(fxfuse.apply_fusions(MxLinear(32), (x,), config=asked).fxfuse_report.prepacked) == 1
+
+
+def test_shapes_the_layout_cannot_take_stay_plain():
+    model = MxLinear(24)  # N % 16 != 0
+    x = _x(4)
+    fused = fxfuse.apply_fusions(model, (x,), config=fxfuse.FusionConfig(target="gfx950"))
+    report = fused.fxfuse_report
+    assert not report.prepacked
+    assert len(report.prepack_skipped) == 1 and "N % 16" in report.prepack_skipped[0][1]
+    assert torch.equal(dict(fused.named_buffers())["w"], model.w)
+    torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_weights_passed_in_are_not_prepacked():
+    w, w_scale = _weights(32)
+    x = _x(4)
+    fused = fxfuse.apply_fusions(
+        MxLinearInputs(), (x, w, w_scale), config=fxfuse.FusionConfig(target="gfx950")
+    )
+    report = fused.fxfuse_report
+    assert report.counts["quant_gemm"] == 1 and not report.prepacked
+    assert "graph inputs" in report.prepack_skipped[0][1]
+    torch.testing.assert_close(fused(x, w, w_scale), MxLinearInputs()(x, w, w_scale))
+
+
+def test_a_bare_graph_says_why():
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 4))
+    report = run_passes(gm.graph, fxfuse.FusionConfig(target="gfx950"))
+    assert report.prepack_skipped and "torch.compile" in report.prepack_skipped[0][1]
+
+
+def test_ops_take_either_layout():
+    """The MXFP4 GEMM op and the prequant chain read preshuffled weights (told by shape)."""
+    w, w_scale = _weights(32)
+    w_sh, s_sh = preshuffle_weight_fp4(w), preshuffle_scale_e8m0(w_scale)
+    x = _x(5)
+    q, s = quant_mxfp4_ref(x.float(), "even")
+    plain = torch.ops.fxfuse.gemm_mxfp4(q, s, w, w_scale, torch.float32)
+    torch.testing.assert_close(
+        torch.ops.fxfuse.gemm_mxfp4(q, s, w_sh, s_sh, torch.float32), plain, rtol=0, atol=0
+    )
+    torch.library.opcheck(torch.ops.fxfuse.gemm_mxfp4.default, (q, s, w_sh, s_sh, torch.float32))
+
+
+def test_prepack_weights_must_be_a_bool():
+    with pytest.raises(ValueError, match="prepack_weights"):
+        fxfuse.FusionConfig(prepack_weights="yes")
