@@ -40,11 +40,6 @@ def run_passes(module: fx.GraphModule | fx.Graph, config: FusionConfig | None = 
             run_rule(rule, ctx)
             graph.lint()
     if config.prepacks(target):
-        if isinstance(module, fx.GraphModule):
-            prepack_weights(module, report)
-        else:
-            report.prepack_skipped.append(
-                ("graph", "weights are graph inputs here (torch.compile), not module constants")
-            )
+        prepack_weights(module, report)
     finish(module)
     return report

@@ -33,9 +33,9 @@ def _arg_index(op, name: str) -> int:
     return [a.name for a in op._schema.arguments].index(name)
 
 
-def _constant(gm: fx.GraphModule, node) -> torch.Tensor | None:
-    """The tensor a get_attr node reads, else None."""
-    if not isinstance(node, fx.Node) or node.op != "get_attr":
+def _constant(gm: fx.GraphModule | None, node) -> torch.Tensor | None:
+    """The tensor a get_attr node of `gm` reads, else None."""
+    if gm is None or not isinstance(node, fx.Node) or node.op != "get_attr":
         return None
     value = gm
     for part in node.target.split("."):
@@ -43,11 +43,18 @@ def _constant(gm: fx.GraphModule, node) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
-def _why_not(w, w_scale) -> str | None:
+def _is_mxfp4(node) -> bool:
+    """Whether a weight argument is MXFP4 bytes (uint8), by its value or fake value."""
+    value = node.meta.get("val") if isinstance(node, fx.Node) else node
+    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8
+
+
+def _why_not(w, w_scale) -> str:
+    """'' where the plain (w, w_scale) can be preshuffled, else the reason."""
     if w is None or w_scale is None:
-        return "w / w_scale are not constants of the module (graph inputs)"
-    if w.dtype != torch.uint8 or w.dim() != 2 or w_scale.dim() != 2:
-        return None if w.dtype != torch.uint8 else "w / w_scale are not 2-D"
+        return "w / w_scale are graph inputs (torch.compile's graphs), not module constants"
+    if w.dim() != 2 or w_scale.dim() != 2:
+        return "w / w_scale are not 2-D"
     n, kb = w.shape
     if tuple(w_scale.shape) != (n, 2 * kb // 32):
         return f"w_scale {tuple(w_scale.shape)} is not the plain (N, K/32) of w {tuple(w.shape)}"
@@ -67,10 +74,12 @@ def _register(gm: fx.GraphModule, graph: fx.Graph, anchor: fx.Node, name: str, t
     return node
 
 
-def prepack_weights(gm: fx.GraphModule, report: FusionReport) -> None:
+def prepack_weights(module: fx.GraphModule | fx.Graph, report: FusionReport) -> None:
     """Store every MXFP4 GEMM's constant weights in the preshuffled layouts (see the module
-    docstring); the graph lints after."""
-    graph = gm.graph
+    docstring); the graph lints after. A bare Graph (Inductor's post-grad graph) has no module
+    constants: its MXFP4 GEMMs are only reported."""
+    gm = module if isinstance(module, fx.GraphModule) else None
+    graph = module.graph if gm is not None else module
     done: dict[tuple[str, str], tuple[fx.Node, fx.Node]] = {}
     replaced: list[fx.Node] = []
     for node in list(graph.nodes):
@@ -79,12 +88,13 @@ def prepack_weights(gm: fx.GraphModule, report: FusionReport) -> None:
         iw, iws = _arg_index(node.target, "w"), _arg_index(node.target, "w_scale")
         args = list(node.args)
         if len(args) <= iws:
-            report.prepack_skipped.append((node.name, "w / w_scale passed by keyword"))
+            if _is_mxfp4(node.kwargs.get("w")):
+                report.prepack_skipped.append((node.name, "w / w_scale passed by keyword"))
+            continue
+        if not _is_mxfp4(args[iw]):  # FP8 weights: not this pass's
             continue
         w, w_scale = _constant(gm, args[iw]), _constant(gm, args[iws])
         reason = _why_not(w, w_scale)
-        if reason is None:  # FP8 weights: not this pass's
-            continue
         if reason:
             report.prepack_skipped.append((node.name, reason))
             continue

@@ -135,9 +135,17 @@ def test_weights_passed_in_are_not_prepacked():
 
 
 def test_a_bare_graph_says_why():
-    gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 4))
+    """Inductor's post-grad graph is a bare Graph whose weights are inputs: reported, kept."""
+    w, w_scale = _weights(32)
+    x = _x(4)
+    gm = fxfuse.apply_fusions(
+        MxLinearInputs(), (x, w, w_scale), config=fxfuse.FusionConfig(prepack_weights=False)
+    )
     report = run_passes(gm.graph, fxfuse.FusionConfig(target="gfx950"))
-    assert report.prepack_skipped and "torch.compile" in report.prepack_skipped[0][1]
+    assert not report.prepacked
+    assert len(report.prepack_skipped) == 1 and "torch.compile" in report.prepack_skipped[0][1]
+    plain = torch.fx.symbolic_trace(torch.nn.Linear(4, 4))  # no MXFP4 GEMM: nothing to say
+    assert not run_passes(plain.graph, fxfuse.FusionConfig(target="gfx950")).prepack_skipped
 
 
 def test_ops_take_either_layout():
@@ -156,3 +164,27 @@ def test_ops_take_either_layout():
 def test_prepack_weights_must_be_a_bool():
     with pytest.raises(ValueError, match="prepack_weights"):
         fxfuse.FusionConfig(prepack_weights="yes")
+
+
+class Fp8Linear(torch.nn.Module):
+    def __init__(self, n=32, k=K):
+        super().__init__()
+        from fxfuse.kernels.rms_norm_quant_ref import quant_fp8_ref
+
+        w, s = quant_fp8_ref(torch.randn(n, k), 0, torch.float8_e4m3fn)
+        self.register_buffer("w", w)
+        self.register_buffer("w_scale", s.reshape(n))
+
+    def forward(self, x):
+        q, s = fxfuse.ops.quant_fp8(x)
+        return fxfuse.ops.gemm_fp8(q, s, self.w, self.w_scale, torch.float32)
+
+
+def test_fp8_weights_are_left_alone():
+    fused = fxfuse.apply_fusions(
+        Fp8Linear(), (_x(4),), config=fxfuse.FusionConfig(target="sm90", prepack_weights=True)
+    )
+    report = fused.fxfuse_report
+    assert report.counts["quant_gemm"] == 1
+    assert not report.prepacked and not report.prepack_skipped
+    assert dict(fused.named_buffers())["w"].dtype == torch.float8_e4m3fn
