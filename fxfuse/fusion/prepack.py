@@ -63,6 +63,15 @@ def _why_not(w, w_scale) -> str:
     return ""
 
 
+def _free_name(gm: fx.GraphModule, stem: str) -> str:
+    """`stem`, or stem_1, stem_2, ...: the first that names neither attribute it will take."""
+    name, i = stem, 0
+    while hasattr(gm, name) or hasattr(gm, name + "_scale"):
+        i += 1
+        name = f"{stem}_{i}"
+    return name
+
+
 def _register(gm: fx.GraphModule, graph: fx.Graph, anchor: fx.Node, name: str, tensor):
     """A get_attr node for a new module constant `name`, inserted before `anchor`."""
     gm.register_buffer(name, tensor)
@@ -100,7 +109,7 @@ def prepack_weights(module: fx.GraphModule | fx.Graph, report: FusionReport) -> 
             continue
         key = (args[iw].target, args[iws].target)
         if key not in done:
-            stem = PREFIX + args[iw].target.replace(".", "_")
+            stem = _free_name(gm, PREFIX + args[iw].target.replace(".", "_"))
             done[key] = (
                 _register(gm, graph, node, stem, preshuffle_weight_fp4(w)),
                 _register(gm, graph, node, stem + "_scale", preshuffle_scale_e8m0(w_scale)),

@@ -188,3 +188,48 @@ def test_fp8_weights_are_left_alone():
     assert report.counts["quant_gemm"] == 1
     assert not report.prepacked and not report.prepack_skipped
     assert dict(fused.named_buffers())["w"].dtype == torch.float8_e4m3fn
+
+
+class NormMxLinear(torch.nn.Module):
+    """RMSNorm → MXFP4 quant → GEMM (rmsnorm_quant_gemm). With `two`, a second GEMM of the same
+    quant (then rmsnorm_quant + two standalone GEMMs) whose weight's prepacked name would
+    collide with the first's: `a.w` and a top-level `a_w`."""
+
+    def __init__(self, two: bool, n=32, k=K):
+        super().__init__()
+        self.two = two
+        self.norm_w = torch.nn.Parameter(torch.rand(k) + 0.5, requires_grad=False)
+        self.a = MxLinear(n, k)
+        w, w_scale = _weights(n, k, seed=5)
+        self.register_buffer("a_w", w)
+        self.register_buffer("a_w_scale", w_scale)
+
+    def forward(self, x):
+        y = fxfuse.ops.rms_norm(x, self.norm_w, 1e-6)
+        q, s = fxfuse.ops.quant_mxfp4(y)
+        first = fxfuse.ops.gemm_mxfp4(q, s, self.a.w, self.a.w_scale, torch.float32)
+        if not self.two:
+            return (first,)
+        return first, fxfuse.ops.gemm_mxfp4(q, s, self.a_w, self.a_w_scale, torch.float32)
+
+
+@pytest.mark.parametrize("two", [False, True])
+def test_norm_chains_and_name_clash(two):
+    model = NormMxLinear(two)
+    dims = {"x": {0: torch.export.Dim("m", min=2, max=256)}}
+    x = _x(40)
+    packed = fxfuse.apply_fusions(
+        model, (x,), config=fxfuse.FusionConfig(target="gfx950"), dynamic_shapes=dims
+    )
+    report = packed.fxfuse_report
+    names = [w for _, w in report.prepacked]
+    if two:  # the shared quant keeps the GEMMs apart; each standalone GEMM is prepacked
+        assert report.counts["rmsnorm_quant"] == 1
+        assert names == [PREFIX + "a_w", PREFIX + "a_w_1"]
+    else:
+        assert report.counts["rmsnorm_quant_gemm"] == 1
+        assert names == [PREFIX + "a_w"]
+    for m in (3, 40):
+        xm = _x(m, seed=m)
+        for out, ref in zip(packed(xm), model(xm)):
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
