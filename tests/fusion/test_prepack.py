@@ -61,18 +61,19 @@ def _attr(gm, node):
     return getattr(gm, node.target)
 
 
+def _fuse(model, **config):
+    """apply_fusions for target gfx950 with a dynamic token count, captured at M = 40."""
+    dims = {"x": {0: torch.export.Dim("m", min=2, max=256)}}
+    return fxfuse.apply_fusions(
+        model, (_x(40),), config=fxfuse.FusionConfig(target="gfx950", **config),
+        dynamic_shapes=dims,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("n", [32, 48])
 def test_gfx950_prepacks_and_results_stay(n):
     model = MxLinear(n)
-    dims = {"x": {0: torch.export.Dim("m", min=2, max=256)}}
-    x = _x(40)
-    packed = fxfuse.apply_fusions(
-        model, (x,), config=fxfuse.FusionConfig(target="gfx950"), dynamic_shapes=dims
-    )
-    plain = fxfuse.apply_fusions(
-        MxLinear(n), (x,), dynamic_shapes=dims,
-        config=fxfuse.FusionConfig(target="gfx950", prepack_weights=False),
-    )  # fmt: skip
+    packed, plain = _fuse(model), _fuse(MxLinear(n), prepack_weights=False)
     report = packed.fxfuse_report
     assert report.counts["quant_gemm"] == 1
     assert [w for _, w in report.prepacked] == [PREFIX + "w"]
@@ -216,11 +217,7 @@ class NormMxLinear(torch.nn.Module):
 @pytest.mark.parametrize("two", [False, True])
 def test_norm_chains_and_name_clash(two):
     model = NormMxLinear(two)
-    dims = {"x": {0: torch.export.Dim("m", min=2, max=256)}}
-    x = _x(40)
-    packed = fxfuse.apply_fusions(
-        model, (x,), config=fxfuse.FusionConfig(target="gfx950"), dynamic_shapes=dims
-    )
+    packed = _fuse(model)
     report = packed.fxfuse_report
     names = [w for _, w in report.prepacked]
     if two:  # the shared quant keeps the GEMMs apart; each standalone GEMM is prepacked
