@@ -160,6 +160,14 @@ def test_ops_take_either_layout():
         torch.ops.fxfuse.gemm_mxfp4(q, s, w_sh, s_sh, torch.float32), plain, rtol=0, atol=0
     )
     torch.library.opcheck(torch.ops.fxfuse.gemm_mxfp4.default, (q, s, w_sh, s_sh, torch.float32))
+    for m, max_m in ((5, 32), (5, 0)):  # the prequant and the quantize-first side
+        args = (_x(m), "mxfp4", 0, torch.float8_e4m3fn, 1e-10, False, False, "even")
+        out = torch.ops.fxfuse.quant_gemm(*args, w_sh, s_sh, torch.float32, max_m)
+        ref = torch.ops.fxfuse.quant_gemm(*args, w, w_scale, torch.float32, max_m)
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+        torch.library.opcheck(
+            torch.ops.fxfuse.quant_gemm.default, (*args, w_sh, s_sh, torch.float32, max_m)
+        )
 
 
 def test_prepack_weights_must_be_a_bool():
