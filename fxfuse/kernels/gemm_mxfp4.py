@@ -86,6 +86,7 @@ from fxfuse.kernels.gemm_ref import (
     _check_tensor,
     _shape,
     check_gemm_mxfp4_args,
+    preshuffled_shapes,
 )
 from fxfuse.kernels.rms_norm_quant import _e2m1_code, _e8m0_exponent, _e8m0_factor, _load_f32
 from fxfuse.runtime.target import interpreting
@@ -149,15 +150,18 @@ prmt.b32 $2, l01, h01, 0x7351;
 prmt.b32 $3, l23, h23, 0x7351;
 }}
 """
+# The three table words (low bytes, high bytes, sign), as bit patterns.
+_E2M1_BF16_TABLE_WORDS = (0xC0800000, 0x3F3F3F00, 0x00008000)
 E2M1_BF16_PTX4_TEXT = _E2M1_BF16_PTX4.format(
-    lut=", lut", low="lut", high="lut", sign="lut", mov_low="mov.b32 lut, 0xC0800000;\n",
-    mov_high="mov.b32 lut, 0x3F3F3F00;\n", mov_sign="mov.b32 lut, 0x00008000;\n",
-)
+    lut=", lut", low="lut", high="lut", sign="lut",
+    **{f"mov_{part}": f"mov.b32 lut, 0x{word:08X};\n"
+       for part, word in zip(("low", "high", "sign"), _E2M1_BF16_TABLE_WORDS)},
+)  # fmt: skip
 E2M1_BF16_PTX4_TABLES_TEXT = _E2M1_BF16_PTX4.format(
     lut="", low="$5", high="$9", sign="$13", mov_low="", mov_high="", mov_sign=""
 )
-# The tables' words, in operand order (as int32: bit patterns).
-E2M1_BF16_PTX4_TABLES = (0xC0800000 - 2**32, 0x3F3F3F00, 0x00008000)
+# The table words in operand order, as the int32 tensor `_decode_tables` fills.
+E2M1_BF16_PTX4_TABLES = tuple(w - 2**32 if w >= 2**31 else w for w in _E2M1_BF16_TABLE_WORDS)
 # tests/kernels/test_gemm_mxfp4_kernel.py runs the strings in a Python model of the PTX.
 # A kernel reads globals only as constexpr.
 E2M1_BF16_PTX2 = tl.constexpr(E2M1_BF16_PTX2_TEXT)
@@ -499,13 +503,11 @@ def _check_preshuffled(w, w_scale, n: int, k: int) -> None:
     """Shapes of preshuffle_weight_fp4(w) and preshuffle_scale_e8m0(w_scale) for (N, K)."""
     if n % 16 or (k // 2) % 32:
         raise ValueError(f"w: preshuffled weights need N % 16 == 0, K/2 % 32 == 0 (N {n}, K {k})")
-    if _shape(w) != (n // 16, k // 2 * 16) or not w.is_contiguous():
-        raise ValueError(f"w: expected a contiguous ({n // 16}, {k // 2 * 16}), got {_shape(w)}")
-    rows, cols = -(-n // 256) * 256, -(-(k // 32) // 8) * 8
-    if _shape(w_scale) != (rows // 32, cols * 32) or not w_scale.is_contiguous():
-        raise ValueError(
-            f"w_scale: expected a contiguous ({rows // 32}, {cols * 32}), got {_shape(w_scale)}"
-        )
+    w_shape, scale_shape = preshuffled_shapes(n, k)
+    if _shape(w) != w_shape or not w.is_contiguous():
+        raise ValueError(f"w: expected a contiguous {w_shape}, got {_shape(w)}")
+    if _shape(w_scale) != scale_shape or not w_scale.is_contiguous():
+        raise ValueError(f"w_scale: expected a contiguous {scale_shape}, got {_shape(w_scale)}")
 
 
 def _launch(

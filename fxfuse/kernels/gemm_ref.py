@@ -217,6 +217,12 @@ def preshuffled_shapes(n: int, k: int) -> tuple[tuple[int, int], tuple[int, int]
     return (n // 16, k // 2 * 16), (rows // 32, cols * 32)
 
 
+def is_preshuffled(w, k: int) -> bool:
+    """Whether MXFP4 weight bytes for reduction size K are in the preshuffled layout: its rows
+    hold K/2·16 bytes (8·K), the plain layout's K/2."""
+    return w.dim() == 2 and w.shape[1] == k // 2 * 16
+
+
 def mxfp4_weight_layout(w, w_scale, k: int) -> tuple[int, bool]:
     """(N, preshuffled) of MXFP4 weights for reduction size K, told apart by shape: plain
     (N, K/2) bytes, or the preshuffled (N/16, K/2·16) that a weight-prepack pass made (8·K
@@ -224,7 +230,7 @@ def mxfp4_weight_layout(w, w_scale, k: int) -> tuple[int, bool]:
     the argument); the plain layout's other checks stay with `check_gemm_mxfp4_args`."""
     _check_tensor("w", w, (torch.uint8,), 2)
     _check_tensor("w_scale", w_scale, (torch.uint8,), 2)
-    if w.shape[1] != k // 2 * 16:
+    if not is_preshuffled(w, k):
         return w.shape[0], False
     n = 16 * w.shape[0]
     if (k // 2) % 32:

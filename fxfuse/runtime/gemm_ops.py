@@ -234,13 +234,6 @@ def _gemm_mxfp4(q, x_scale, w, w_scale, out_dtype):
     return gemm_ref.gemm_mxfp4_ref(q, x_scale, w, w_scale, out_dtype)
 
 
-def _mxfp4_out_features(k: int, w, w_scale=None) -> int:
-    """N of MXFP4 weights (plain or preshuffled) for reduction size K."""
-    if w_scale is None:  # the fakes of the chain ops see w only: its row width tells
-        return 16 * w.shape[0] if w.dim() == 2 and w.shape[1] == k // 2 * 16 else w.shape[0]
-    return gemm_ref.mxfp4_weight_layout(w, w_scale, k)[0]
-
-
 @fused_op("fxfuse::gemm_fp8", mutates_args=())
 def gemm_fp8(
     q: torch.Tensor,
@@ -353,8 +346,8 @@ def _gemm_fake(x, w, quant_args, out_dtype, max_m):
     """(M, N): x (..., K) is flattened to M rows, as the GEMM it replaces saw them."""
     _check_dispatch_args(x, w, quant_args, max_m)
     n = w.shape[0]
-    if quant_args["quant"] == "mxfp4":
-        n = _mxfp4_out_features(x.shape[-1], w)
+    if quant_args["quant"] == "mxfp4" and gemm_ref.is_preshuffled(w, x.shape[-1]):
+        n *= 16  # (N/16, K/2·16): the fake sees w, not w_scale
     return x.new_empty((_rows(x), n), dtype=out_dtype)
 
 
