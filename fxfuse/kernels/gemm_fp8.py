@@ -54,6 +54,12 @@ from fxfuse.kernels.gemm_ref import (
     _is_scalar_scale,
     check_gemm_fp8_args,
 )
+from fxfuse.kernels.gemm_split_cat import (
+    epilogue_args,
+    split_cat_dest,
+    split_dest,
+    split_epilogue,
+)
 from fxfuse.kernels.rms_norm_quant import (
     _fp8_native,
     _fp8_quant,
@@ -227,6 +233,9 @@ def _gemm_fp8_kernel(
     # strides, in elements (a, w: bytes when FP8)
     stride_am, stride_ak, stride_wn, stride_wk, stride_asm, stride_ask, stride_wsn, stride_wsk,
     stride_om, stride_on, stride_qm, stride_qsm, stride_qsk,
+    # split epilogue (gemm_split_cat.epilogue_args; out_ptr is piece 0)
+    p1_ptr, p2_ptr, p3_ptr, y_ptr, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3, S3,
+    stride_ym, stride_yd, stride_ys,
     # switches
     A_KIND: tl.constexpr, SCALE_BLOCKWISE: tl.constexpr, DOT_DTYPE: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_FNUZ: tl.constexpr, FP8_NATIVE: tl.constexpr,
@@ -236,6 +245,8 @@ def _gemm_fp8_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, NUM_K_TILES: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
     SWAP_AB: tl.constexpr, QUANT_ROWS: tl.constexpr,
+    NUM_PIECES: tl.constexpr, EPILOGUE_SUBTILES: tl.constexpr, Y_HEADS: tl.constexpr,
+    BLOCK_S3: tl.constexpr, Y_COL_ITERS: tl.constexpr,
 ):
     pid_m, pid_n, tile_id = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
@@ -354,7 +365,15 @@ def _gemm_fp8_kernel(
                 tile_scale = _spread_rows(row_scale, QUANT_ROWS, SPREAD)
             w_s = tl.load(w_scale_ptr + offs_n * stride_wsn, mask=mask_n, other=0.0)
             acc = acc * tile_scale[:, None] * w_s[None, :]
-        _store_tile(out_ptr, acc, offs_m, offs_n, M, N, stride_om, stride_on, EXACT_CASTS)
+        if NUM_PIECES == 0:
+            _store_tile(out_ptr, acc, offs_m, offs_n, M, N, stride_om, stride_on, EXACT_CASTS)
+        else:
+            split_epilogue(
+                acc, offs_m, pid_n, out_ptr, p1_ptr, p2_ptr, p3_ptr, y_ptr,
+                M, N, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3, S3, stride_ym, stride_yd, stride_ys,
+                BLOCK_N, NUM_PIECES, EPILOGUE_SUBTILES, EXACT_CASTS, Y_HEADS, BLOCK_S3,
+                Y_COL_ITERS,
+            )
 
 
 # fmt: on
@@ -519,9 +538,11 @@ def _launch(
     apply_reciprocal=False,
     q_out=None,
     q_scale_out=None,
+    dest=None,
     config,
     target,
 ):
+    """Launch the kernel into out (M, N), or into dest's split pieces (`epilogue_args`)."""
     m, k = a.shape
     n = w.shape[0]
     target = resolve_target(target, a.device)
@@ -540,6 +561,7 @@ def _launch(
     asm, ask = _scale_strides(a_scale)
     wsn, wsk = _scale_strides(w_scale)
     qsm, qsk = (0, 0) if q_scale_out is None else _scale_strides(q_scale_out)
+    split_args, split_meta = epilogue_args(dest, out, bm, bn)
     launch(_gemm_fp8_kernel, (tiles, split_k),
         a_t,
         a_scale,
@@ -567,6 +589,7 @@ def _launch(
         q_t.stride(0),
         qsm,
         qsk,
+        *split_args,
         A_KIND=a_kind,
         SCALE_BLOCKWISE=blockwise,
         DOT_DTYPE=dot_dtype(fp8_dtype, a.device, target),
@@ -588,6 +611,7 @@ def _launch(
         TILES_PER_SPLIT=tiles_per_split,
         SWAP_AB=bool(cfg["SWAP_AB"]),
         QUANT_ROWS=prequant_rows(a_kind, m, bm),
+        **split_meta,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
@@ -628,6 +652,52 @@ def gemm_fp8(
             target=target,
         )
     return out
+
+
+def _gemm_fp8_into(q, x_scale, w, w_scale, out_dtype, make_dest, config, target):
+    kind = check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype)
+    _check_runnable(q, "q")
+    outputs, dest = make_dest(w.shape[0])
+    if q.shape[0]:
+        _launch(
+            q, x_scale, w, w_scale, dest[0][0], a_kind=A_FP8, blockwise=kind == SCALE_BLOCK,
+            fp8_dtype=q.dtype, dest=dest, config=config, target=target,
+        )
+    return outputs
+
+
+@planned
+def gemm_fp8_split_cat(
+    q, x_scale, w, w_scale, d: int, s1: int, s2: int, y: torch.Tensor,
+    *, config: dict | None = None, target: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cat([c1, y], -1), c2) of c1, c2 = split(gemm_fp8(q, ..).view(M, d, s1 + s2), [s1, s2],
+    -1) in y's dtype, each tile written straight to its destination and y copied by the tiles
+    (gemm_split_cat.split_epilogue)."""
+    if not isinstance(y, torch.Tensor):
+        raise ValueError(f"y: expected an (M, d, S3) tensor, got {type(y).__name__}")
+    out_dtype = y.dtype
+
+    def make_dest(n):
+        out, c2, dest = split_cat_dest(q, n, d, s1, s2, y, out_dtype)
+        return (out, c2), dest
+
+    return _gemm_fp8_into(q, x_scale, w, w_scale, out_dtype, make_dest, config, target)
+
+
+@planned
+def gemm_fp8_split(
+    q, x_scale, w, w_scale, d: int, sizes, out_dtype: torch.dtype = torch.bfloat16,
+    *, config: dict | None = None, target: str | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """The pieces of split(gemm_fp8(q, ..).view(M, d, sum(sizes)), sizes, -1), each contiguous,
+    written straight from the GEMM tiles (up to four)."""
+
+    def make_dest(n):
+        pieces, dest = split_dest(q, n, d, sizes, out_dtype)
+        return tuple(pieces), dest
+
+    return _gemm_fp8_into(q, x_scale, w, w_scale, out_dtype, make_dest, config, target)
 
 
 @planned
@@ -734,4 +804,4 @@ def gemm_a16w8(
     return out
 
 
-__all__ = ["OUT_DTYPES", "gemm_a16w8", "gemm_fp8"]
+__all__ = ["OUT_DTYPES", "gemm_a16w8", "gemm_fp8", "gemm_fp8_split", "gemm_fp8_split_cat"]

@@ -88,6 +88,7 @@ from fxfuse.kernels.gemm_ref import (
     check_gemm_mxfp4_args,
     preshuffled_shapes,
 )
+from fxfuse.kernels.gemm_split_cat import epilogue_args, split_cat_dest, split_dest, split_epilogue
 from fxfuse.kernels.rms_norm_quant import _e2m1_code, _e8m0_exponent, _e8m0_factor, _load_f32
 from fxfuse.runtime.target import interpreting
 
@@ -306,6 +307,9 @@ def _gemm_mxfp4_kernel(
     # strides (a, w: bytes of the packed rows; preshuffled w / w_scale: rows of the shuffled views)
     stride_am, stride_ak, stride_asm, stride_ask, stride_wn, stride_wk, stride_wsn, stride_wsk,
     stride_om, stride_on, stride_qm, stride_qsm,
+    # split epilogue (gemm_split_cat.epilogue_args; out_ptr is piece 0)
+    p1_ptr, p2_ptr, p3_ptr, y_ptr, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3, S3,
+    stride_ym, stride_yd, stride_ys,
     # switches
     A_BF16: tl.constexpr, ROUNDING: tl.constexpr, USE_DOT_SCALED: tl.constexpr,
     PRESHUFFLED: tl.constexpr, WRITE_QUANT: tl.constexpr, DOT_DTYPE: tl.constexpr,
@@ -314,6 +318,8 @@ def _gemm_mxfp4_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SWAP_AB: tl.constexpr,
     QUANT_ROWS: tl.constexpr,
+    NUM_PIECES: tl.constexpr, EPILOGUE_SUBTILES: tl.constexpr, Y_HEADS: tl.constexpr,
+    BLOCK_S3: tl.constexpr, Y_COL_ITERS: tl.constexpr,
 ):
     pid_m, pid_n, tile_id = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
@@ -427,7 +433,15 @@ def _gemm_mxfp4_kernel(
             acc, partial_ptr, lock_ptr, tile_id, pid_k, mask_m, BLOCK_M, BLOCK_N, SPLIT_K
         )
     if is_last:
-        _store_tile(out_ptr, acc, offs_m, offs_n, M, N, stride_om, stride_on, EXACT_CASTS)
+        if NUM_PIECES == 0:
+            _store_tile(out_ptr, acc, offs_m, offs_n, M, N, stride_om, stride_on, EXACT_CASTS)
+        else:
+            split_epilogue(
+                acc, offs_m, pid_n, out_ptr, p1_ptr, p2_ptr, p3_ptr, y_ptr,
+                M, N, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3, S3, stride_ym, stride_yd, stride_ys,
+                BLOCK_N, NUM_PIECES, EPILOGUE_SUBTILES, EXACT_CASTS, Y_HEADS, BLOCK_S3,
+                Y_COL_ITERS,
+            )
 
 
 # fmt: on
@@ -525,10 +539,12 @@ def _launch(
     use_dot_scaled,
     q_out=None,
     q_scale_out=None,
+    dest=None,
     config,
     target,
 ):
-    """Launch the kernel; returns Triton's compiled kernel (its `asm` holds the PTX)."""
+    """Launch the kernel into out (M, N), or into dest's split pieces (`epilogue_args`);
+    returns Triton's compiled kernel (its `asm` holds the PTX)."""
     m = a.shape[0]
     target = resolve_target(target, a.device)
     dot_scaled = _use_dot_scaled(use_dot_scaled, target)
@@ -546,6 +562,7 @@ def _launch(
     tables = _decode_tables(a.device) if ptx_tables else out
     # The interpreter's bf16 dot is broken (triton 3.6): dot the same exact values in fp32.
     dot_dtype = tl.float32 if interpreting() else tl.bfloat16
+    split_args, split_meta = epilogue_args(dest, out, bm, bn)
     return launch(_gemm_mxfp4_kernel, (tiles, split_k),
         a,
         a_scale,
@@ -572,6 +589,7 @@ def _launch(
         out.stride(1),
         q_t.stride(0),
         qs_t.stride(0),
+        *split_args,
         A_BF16=a_bf16,
         ROUNDING=formats.MXFP4_ROUNDINGS.index(rounding),
         USE_DOT_SCALED=dot_scaled,
@@ -589,6 +607,7 @@ def _launch(
         TILES_PER_SPLIT=tiles_per_split,
         SWAP_AB=bool(cfg["SWAP_AB"]),
         QUANT_ROWS=prequant_rows(m, bm, bool(cfg["SWAP_AB"])) if a_bf16 else bm,
+        **split_meta,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
@@ -629,23 +648,7 @@ def gemm_mxfp4(
 
     preshuffled: w / w_scale are gfx950's shuffled layouts (then `n` gives N).
     use_dot_scaled: None picks by target (gfx950: tl.dot_scaled; else the dequant path)."""
-    if preshuffled:
-        for name, t in (("q", q), ("x_scale", x_scale)):
-            _check_tensor(name, t, (torch.uint8,), 2)
-        m, k = q.shape[0], 2 * q.shape[1]
-        if k % formats.MXFP4_BLOCK:
-            raise ValueError(f"q: K = 2 · q.shape[1] = {k} must be a multiple of 32 for MXFP4")
-        if _shape(x_scale) != (m, k // 32):
-            raise ValueError(
-                f"x_scale: expected (M, K/32) = ({m}, {k // 32}), got {_shape(x_scale)}"
-            )
-        _check_out_dtype(out_dtype)
-        _check_devices({"q": q, "x_scale": x_scale, "w": w, "w_scale": w_scale})
-        n = _check_weights(w, w_scale, n, k, True)
-    else:
-        check_gemm_mxfp4_args(q, x_scale, w, w_scale, out_dtype)
-        m, k, n = q.shape[0], 2 * q.shape[1], w.shape[0]
-    _check_runnable(q, "q")
+    m, k, n = _checked_args(q, x_scale, w, w_scale, out_dtype, preshuffled, n)
     out = torch.empty((m, n), dtype=out_dtype, device=q.device)
     if m and n:
         _launch(
@@ -663,6 +666,82 @@ def gemm_mxfp4(
             target=target,
         )
     return out
+
+
+def _checked_args(q, x_scale, w, w_scale, out_dtype, preshuffled, n) -> tuple[int, int, int]:
+    """(M, K, N) of an AFP4WFP4 GEMM's arguments, validated."""
+    if preshuffled:
+        for name, t in (("q", q), ("x_scale", x_scale)):
+            _check_tensor(name, t, (torch.uint8,), 2)
+        m, k = q.shape[0], 2 * q.shape[1]
+        if k % formats.MXFP4_BLOCK:
+            raise ValueError(f"q: K = 2 · q.shape[1] = {k} must be a multiple of 32 for MXFP4")
+        if _shape(x_scale) != (m, k // 32):
+            raise ValueError(
+                f"x_scale: expected (M, K/32) = ({m}, {k // 32}), got {_shape(x_scale)}"
+            )
+        _check_out_dtype(out_dtype)
+        _check_devices({"q": q, "x_scale": x_scale, "w": w, "w_scale": w_scale})
+        n = _check_weights(w, w_scale, n, k, True)
+    else:
+        check_gemm_mxfp4_args(q, x_scale, w, w_scale, out_dtype)
+        m, k, n = q.shape[0], 2 * q.shape[1], w.shape[0]
+    _check_runnable(q, "q")
+    return m, k, n
+
+
+def _gemm_into(q, x_scale, w, w_scale, out_dtype, make_dest, layout: dict):
+    """The GEMM into the pieces `make_dest(N)` gives: (outputs, dest) (gemm_split_cat)."""
+    m, k, n = _checked_args(
+        q, x_scale, w, w_scale, out_dtype, layout["preshuffled"], layout["n"]
+    )
+    outputs, dest = make_dest(n)
+    if m:
+        _launch(
+            q, x_scale, w, w_scale, dest[0][0], n, k, a_bf16=False,
+            preshuffled=layout["preshuffled"], use_dot_scaled=layout["use_dot_scaled"],
+            dest=dest, config=layout["config"], target=layout["target"],
+        )
+    return outputs
+
+
+@planned
+def gemm_mxfp4_split_cat(
+    q, x_scale, w, w_scale, d: int, s1: int, s2: int, y: torch.Tensor,
+    *, preshuffled: bool = False, n: int | None = None, use_dot_scaled: bool | None = None,
+    config: dict | None = None, target: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cat([c1, y], -1), c2) of c1, c2 = split(gemm_mxfp4(q, ..).view(M, d, s1 + s2),
+    [s1, s2], -1) in y's dtype, each tile written straight to its destination and y copied by
+    the tiles (gemm_split_cat.split_epilogue). Other arguments as gemm_mxfp4's."""
+    if not isinstance(y, torch.Tensor):
+        raise ValueError(f"y: expected an (M, d, S3) tensor, got {type(y).__name__}")
+
+    def make_dest(cols):
+        out, c2, dest = split_cat_dest(q, cols, d, s1, s2, y, y.dtype)
+        return (out, c2), dest
+
+    layout = dict(preshuffled=preshuffled, n=n, use_dot_scaled=use_dot_scaled, config=config,
+                  target=target)  # fmt: skip
+    return _gemm_into(q, x_scale, w, w_scale, y.dtype, make_dest, layout)
+
+
+@planned
+def gemm_mxfp4_split(
+    q, x_scale, w, w_scale, d: int, sizes, out_dtype: torch.dtype = torch.bfloat16,
+    *, preshuffled: bool = False, n: int | None = None, use_dot_scaled: bool | None = None,
+    config: dict | None = None, target: str | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """The pieces of split(gemm_mxfp4(q, ..).view(M, d, sum(sizes)), sizes, -1), each
+    contiguous, written straight from the GEMM tiles (up to four)."""
+
+    def make_dest(cols):
+        pieces, dest = split_dest(q, cols, d, sizes, out_dtype)
+        return tuple(pieces), dest
+
+    layout = dict(preshuffled=preshuffled, n=n, use_dot_scaled=use_dot_scaled, config=config,
+                  target=target)  # fmt: skip
+    return _gemm_into(q, x_scale, w, w_scale, out_dtype, make_dest, layout)
 
 
 @planned
@@ -732,4 +811,6 @@ def gemm_a16wfp4(
     return out
 
 
-__all__ = ["DOT_SCALED_TARGETS", "gemm_a16wfp4", "gemm_mxfp4"]
+__all__ = [
+    "DOT_SCALED_TARGETS", "gemm_a16wfp4", "gemm_mxfp4", "gemm_mxfp4_split", "gemm_mxfp4_split_cat",
+]

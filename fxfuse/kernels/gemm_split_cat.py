@@ -132,10 +132,11 @@ def _store_tile(
 ):
     """Write an fp32 (BLOCK_M, BLOCK_N) GEMM tile to the pieces, rounded to their dtype
     (EXACT_BF16: nearest-even from the bits; the interpreter's fp32 → bf16 cast truncates)."""
-    if EXACT_BF16:  # rounded exactly first, the cast back to bf16 is exact
-        vals = _round_to(acc, tl.bfloat16, True).to(tl.bfloat16)
+    DTYPE: tl.constexpr = p0_ptr.dtype.element_ty
+    if EXACT_BF16:  # rounded exactly first, the cast back is exact
+        vals = _round_to(acc, DTYPE, True).to(DTYPE)
     else:
-        vals = acc.to(p0_ptr.dtype.element_ty)
+        vals = acc.to(DTYPE)
     rows = offs_m.to(tl.int64)
     row_mask = offs_m < M
     n_start = pid_n * BLOCK_N
@@ -195,6 +196,59 @@ def _copy_y(
             )
             vals = tl.load(y_ptrs, mask=mask)
             tl.store(out_ptr + rows[:, None] * LD + COL + offs_s[None, :], vals, mask=mask)
+
+
+@triton.jit
+def _copy_tile_heads(
+    y_ptr, out_ptr, offs_m, n0, M, D, SW, S3, COL, LD,
+    stride_ym, stride_yd, stride_ys,
+    BLOCK_N: tl.constexpr, Y_HEADS: tl.constexpr, BLOCK_S3: tl.constexpr,
+    Y_COL_ITERS: tl.constexpr,
+):
+    """out[m, d, COL + s] = y[m, d, s] for the tile's rows m and each head d whose first GEMM
+    column d·SW lies in the tile's columns [n0, n0 + BLOCK_N): over the grid, every head once.
+    Y_HEADS >= cdiv(BLOCK_N, SW), the most head starts a tile can hold."""
+    rows = offs_m.to(tl.int64)
+    row_mask = offs_m < M
+    first = (n0 + SW - 1) // SW
+    for h in tl.static_range(Y_HEADS):
+        d = first + h
+        if (d * SW < n0 + BLOCK_N) & (d < D):
+            for j in tl.static_range(Y_COL_ITERS):
+                offs_s = j * BLOCK_S3 + tl.arange(0, BLOCK_S3)
+                mask = row_mask[:, None] & (offs_s < S3)[None, :]
+                src = (
+                    y_ptr
+                    + (rows * stride_ym + d * stride_yd)[:, None]
+                    + offs_s[None, :].to(tl.int64) * stride_ys
+                )
+                dst = out_ptr + rows[:, None] * (D * LD) + (d * LD + COL) + offs_s[None, :]
+                tl.store(dst, tl.load(src, mask=mask), mask=mask)
+
+
+@triton.jit
+def split_epilogue(
+    acc, offs_m, pid_n,
+    p0_ptr, p1_ptr, p2_ptr, p3_ptr, y_ptr,
+    M, N, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3, S3,
+    stride_ym, stride_yd, stride_ys,
+    BLOCK_N: tl.constexpr, NUM_PIECES: tl.constexpr, EPILOGUE_SUBTILES: tl.constexpr,
+    EXACT_CASTS: tl.constexpr, Y_HEADS: tl.constexpr, BLOCK_S3: tl.constexpr,
+    Y_COL_ITERS: tl.constexpr,
+):
+    """The epilogue other GEMM kernels (FP8, MXFP4) take to write their fp32 tile straight into
+    split pieces, and y's slice of each head that starts in the tile into piece 0 (after its
+    first W0 columns). Arguments: `epilogue_args`."""
+    _store_tile(
+        acc, offs_m, pid_n, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+        M, N, D, SW, W0, W1, W2, LD0, LD1, LD2, LD3,
+        BLOCK_N, NUM_PIECES, EPILOGUE_SUBTILES, EXACT_CASTS,
+    )
+    if Y_HEADS > 0:
+        _copy_tile_heads(
+            y_ptr, p0_ptr, offs_m, pid_n * BLOCK_N, M, D, SW, S3, W0, LD0,
+            stride_ym, stride_yd, stride_ys, BLOCK_N, Y_HEADS, BLOCK_S3, Y_COL_ITERS,
+        )
 
 
 @triton.jit
@@ -418,6 +472,88 @@ def _copy_meta(rows: int, s3: int) -> dict:
         "COPY_COL_ITERS": triton.cdiv(s3, block_s3),
         "programs": programs,
     }
+
+
+# A split epilogue's y copy moves (BLOCK_M, BLOCK_S3) blocks: at most this many elements each.
+EPILOGUE_COPY_ELEMENTS = 8192
+NO_SPLIT = {
+    "NUM_PIECES": 0, "EPILOGUE_SUBTILES": 0, "Y_HEADS": 0, "BLOCK_S3": 16, "Y_COL_ITERS": 0,
+}
+
+
+def epilogue_args(dest, out: torch.Tensor, block_m: int, block_n: int) -> tuple[tuple, dict]:
+    """(run-time arguments, constexprs) of `split_epilogue` for a GEMM kernel that takes it.
+
+    dest None: NUM_PIECES 0, the kernel stores its (M, N) tile to out as usual (the arguments are
+    placeholders). Else dest = (pieces, widths, d, y): row m of the GEMM viewed as (d, sum(widths))
+    and split along its last dim; piece i (M, d, LD_i) contiguous, with out = pieces[0], takes
+    columns [lo_i, lo_i + widths[i]) of each head at its columns [0, widths[i]); pieces[0] also
+    takes y (M, d, S3) (any strides, None for none) at columns [widths[0], widths[0] + S3)."""
+    if dest is None:
+        return (out, out, out, out, *([0] * 13)), NO_SPLIT
+    pieces, widths, d, y = dest
+    num = len(pieces)
+    if not 1 <= num <= MAX_PIECES or len(widths) != num or pieces[0] is not out:
+        raise ValueError(f"dest: expected 1 to {MAX_PIECES} pieces with widths, out first")
+    sw = sum(widths)
+    ptrs = list(pieces) + [out] * (MAX_PIECES - num)
+    w_pad = list(widths) + [0] * (MAX_PIECES - num)
+    ld = [p.shape[-1] for p in pieces] + [1] * (MAX_PIECES - num)
+    s3 = 0 if y is None else y.shape[-1]
+    block_s3 = min(
+        triton.next_power_of_2(max(s3, 1)), max(16, EPILOGUE_COPY_ELEMENTS // block_m)
+    )
+    args = (
+        *ptrs[1:], out if y is None else y,
+        d, sw, w_pad[0], w_pad[1], w_pad[2], *ld, s3,
+        *((0, 0, 0) if y is None else y.stride()),
+    )  # fmt: skip
+    meta = {
+        "NUM_PIECES": num,
+        "EPILOGUE_SUBTILES": _epilogue_subtiles(block_n, list(widths)),
+        "Y_HEADS": triton.cdiv(block_n, sw) if s3 else 0,
+        "BLOCK_S3": block_s3,
+        "Y_COL_ITERS": triton.cdiv(s3, block_s3),
+    }
+    return args, meta
+
+
+def split_cat_dest(q: torch.Tensor, n: int, d: int, s1: int, s2: int, y, dtype: torch.dtype):
+    """(out, c2, dest) for a GEMM of q's M rows and n columns whose result goes to
+    out = cat([c1, y], -1) and c2 (SPEC §3), validated; out, c2 new and contiguous in dtype."""
+    for name, value in (("d", d), ("s1", s1), ("s2", s2)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (name == "d"):
+            raise ValueError(f"{name}: expected a {'positive' if name == 'd' else 'non-negative'} "
+                             f"int, got {value!r}")  # fmt: skip
+    if s1 + s2 == 0:
+        raise ValueError("s1: s1 + s2 must be positive")
+    if n != d * (s1 + s2):
+        raise ValueError(f"w: has {n} output columns, expected d·(s1 + s2) = {d * (s1 + s2)}")
+    m = q.shape[0]
+    if not isinstance(y, torch.Tensor) or y.dim() != 3 or tuple(y.shape[:2]) != (m, d):
+        raise ValueError(f"y: expected shape ({m}, {d}, S3), got {getattr(y, 'shape', type(y))}")
+    if y.dtype != dtype:
+        raise ValueError(f"y: dtype {y.dtype} differs from the output's {dtype}")
+    if y.device != q.device:
+        raise ValueError(f"y: on {y.device}, the GEMM on {q.device}")
+    out = torch.empty((m, d, s1 + y.shape[2]), dtype=dtype, device=q.device)
+    c2 = torch.empty((m, d, s2), dtype=dtype, device=q.device)
+    return out, c2, ([out, c2], [s1, s2], d, y)
+
+
+def split_dest(q: torch.Tensor, n: int, d: int, sizes, dtype: torch.dtype):
+    """(pieces, dest) for a GEMM whose result goes to the pieces of split(c.view(M, d, ·), sizes),
+    validated; each piece new, (M, d, size) contiguous in dtype."""
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+        raise ValueError(f"d: expected a positive int, got {d!r}")
+    if not isinstance(sizes, (list, tuple)) or not 1 <= len(sizes) <= MAX_PIECES:
+        raise ValueError(f"sizes: expected 1 to {MAX_PIECES} sizes, got {sizes!r}")
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes) or not sum(sizes):
+        raise ValueError(f"sizes: expected non-negative ints with a positive sum, got {sizes}")
+    if n != d * sum(sizes):
+        raise ValueError(f"w: has {n} output columns, expected d·sum(sizes) = {d * sum(sizes)}")
+    pieces = [torch.empty((q.shape[0], d, s), dtype=dtype, device=q.device) for s in sizes]
+    return pieces, (pieces, list(sizes), d, None)
 
 
 def _plan_uncached(m, n, k, d, widths, s3, config, target) -> dict:
