@@ -20,9 +20,10 @@ def fused_targets(gm) -> list[str]:
     return [str(n.target) for n in gm.graph.nodes if str(n.target).startswith("fxfuse.")]
 
 
-def assert_kv_b_feeds_only_split_cat(gm, layers: int) -> None:
-    """Every layer's kv_b weight is read by the fused GEMM → split → cat and nothing else."""
+def assert_kv_b_feeds_only_split_cat(gm, layers: int, op: str = "gemm_split_cat") -> None:
+    """Every layer's kv_b weight is read by the fused GEMM → split → cat (`fxfuse.<op>`) and
+    nothing else."""
     for layer in range(layers):
         suffix = f"layers.{layer}.self_attn.kv_b_proj.weight"
         weight = next(n for n in gm.graph.nodes if n.op == "get_attr" and n.target.endswith(suffix))
-        assert [str(u.target) for u in weight.users] == ["fxfuse.gemm_split_cat.default"], layer
+        assert [str(u.target) for u in weight.users] == [f"fxfuse.{op}.default"], layer

@@ -16,7 +16,8 @@ from fxfuse.patterns import (
 
 CANONICAL_RULES = rms_norm.RULES + quant.RULES + gemm.CANONICAL_RULES
 CANONICAL_TARGETS = quant.CANONICAL_TARGETS
+# gemm_split_cat before the quant → GEMM chains: it takes their FP8 / MXFP4 GEMMs as producers.
 FUSION_RULES = (
-    allreduce.RULES + rms_norm_quant.RULES + gemm.FUSION_RULES + gemm_split_cat.RULES
+    allreduce.RULES + rms_norm_quant.RULES + gemm_split_cat.RULES + gemm.FUSION_RULES
     + topk.RULES
 )

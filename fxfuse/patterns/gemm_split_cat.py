@@ -16,12 +16,17 @@ way (a view, never a copy: y is often an expand with stride 0). Where that chang
 strides (HF's key is (B, H, S, ·) but rows run (B, S)), the guard re-runs the consumers on fake
 values and declines if one of them cannot take the new layout.
 
-GEMM producers are an extension point: `PRODUCERS` lists, per GEMM spelling, the pattern of the
-node whose output is c, its guard, its operands and the two fused ops that take those operands
-followed by the split arguments. The dense (bf16 / fp16) producer feeds the ops of
-runtime/gemm_split_cat_ops.py; an FP8 or MXFP4 producer is one more entry (a pattern over
-`fxfuse.gemm_fp8` / `gemm_mxfp4`, operands (q, x_scale, w, w_scale), and fused ops with the same
-split arguments), with no change to the rules below.
+GEMM producers: `PRODUCERS` lists, per GEMM spelling, the pattern of the node whose output is c,
+its guard, its operands and the two fused ops that take those operands followed by the split
+arguments (runtime/gemm_split_cat_ops.py):
+- dense: bf16 / fp16 F.linear, mm, matmul → gemm_split_cat / gemm_split (x, w);
+- FP8 and MXFP4: fxfuse's canonical `gemm_fp8` / `gemm_mxfp4` (what `torch._scaled_mm`, the
+  dequantize-then-matmul spelling and fxfuse.ops.gemm_* become) → gemm_{fp8,mxfp4}_split_cat /
+  _split (q, x_scale, w, w_scale, out_dtype): the A8W8 / AFP4WFP4 kernels with the split
+  epilogue. These rules run before the quant → GEMM chain fusions, so such a GEMM keeps its
+  quant (fused with the RMSNorm before it by `rmsnorm_quant`) and takes the split epilogue
+  instead of the chain's M ≤ prologue_quant_max_m prequant dispatch: at those M both sides are
+  two launches, and the fused one no longer copies the pieces.
 """
 
 from __future__ import annotations
@@ -294,9 +299,10 @@ def _piece_of(piece: fx.Node):
 class Producer:
     """A GEMM spelling that can feed the fused kernels.
 
-    pattern binds "gemm" (the node whose output is c); guard(m) -> None or a reason;
-    operands(m, build) -> the GEMM operands of the fused ops (built with `build.call`);
-    split_cat / split: fused ops called as (*operands, d, s1, s2, y) and (*operands, d, sizes)."""
+    pattern binds "gemm" (the node whose output is c) and "x" (its activation, whose leading
+    dims are the rows); guard(m) -> None or a reason; operands(m, build) -> the GEMM operands of
+    the fused ops (built with `build.call`); split_cat / split: fused ops called as
+    (*operands, d, s1, s2, y) and (*operands, d, sizes); reduction(m) -> the GEMM's K."""
 
     name: str
     pattern: Pat
@@ -304,6 +310,7 @@ class Producer:
     operands: Callable[[Match, object], tuple]
     split_cat: object
     split: object
+    reduction: Callable[[Match], int | None]
 
     @property
     def targets(self) -> tuple:
@@ -357,6 +364,10 @@ def _dense_operands(m: Match, build) -> tuple:
     return x, w
 
 
+def _k_of_x(m: Match) -> int | None:
+    return static_int(val(m["x"]).shape[-1])
+
+
 DENSE = Producer(
     name="dense",
     pattern=_dense_gemm,
@@ -364,9 +375,53 @@ DENSE = Producer(
     operands=_dense_operands,
     split_cat=fxfuse.gemm_split_cat.default,
     split=fxfuse.gemm_split.default,
+    reduction=_k_of_x,
 )
-# Most specific first; an FP8 / MXFP4 producer goes here (see the module docstring).
-PRODUCERS = [DENSE]
+
+
+def _quantized_gemm(target) -> Op:
+    """fxfuse's canonical quantized GEMM (what _scaled_mm, dequantize-then-matmul and
+    fxfuse.ops.gemm_* become), x being the quantized activation q."""
+    return Op(target, Any("x"), Any("x_scale"), Any("w"), Any("w_scale"), Lit("out_dtype"),
+              name="gemm")  # fmt: skip
+
+
+def _quantized_guard(m: Match) -> str | None:
+    q, w = val(m["x"]), val(m["w"])
+    if not isinstance(q, torch.Tensor) or q.dim() != 2:
+        return "the quantized GEMM's activation is not (rows, K)"
+    if m["out_dtype"] not in gemm_split_cat_ops.QUANTIZED_OUT_DTYPES:
+        return f"the quantized GEMM writes {m['out_dtype']}"
+    n = static_int(val(m["gemm"]).shape[-1])
+    if n is None or static_int(q.shape[-1]) is None or w.dim() != 2:
+        return "the GEMM's K or N is symbolic"
+    return None
+
+
+def _quantized_operands(m: Match, build) -> tuple:
+    return m["x"], m["x_scale"], m["w"], m["w_scale"], m["out_dtype"]
+
+
+FP8 = Producer(
+    name="fp8",
+    pattern=_quantized_gemm(fxfuse.gemm_fp8.default),
+    guard=_quantized_guard,
+    operands=_quantized_operands,
+    split_cat=fxfuse.gemm_fp8_split_cat.default,
+    split=fxfuse.gemm_fp8_split.default,
+    reduction=_k_of_x,
+)
+MXFP4 = Producer(
+    name="mxfp4",
+    pattern=_quantized_gemm(fxfuse.gemm_mxfp4.default),
+    guard=_quantized_guard,
+    operands=_quantized_operands,
+    split_cat=fxfuse.gemm_mxfp4_split_cat.default,
+    split=fxfuse.gemm_mxfp4_split.default,
+    reduction=lambda m: 2 * _k_of_x(m) if _k_of_x(m) is not None else None,  # q: 2 codes a byte
+)
+# Most specific first (see the module docstring).
+PRODUCERS = [DENSE, FP8, MXFP4]
 GEMM = Alt(*(p.pattern for p in PRODUCERS))
 
 
@@ -686,7 +741,7 @@ def split_guard(m: Match, ctx) -> str | None:
     layout = _layout(m)
     if layout.perm or not any(_calls(o, COPIES) for o in m["piece_outputs"]):
         return "no copy to save: every split piece is read in place as a view of the GEMM output"
-    k = static_int(val(m["x"]).shape[-1])
+    k = _producer(m).reduction(m)
     if k is None or k > SPLIT_ONLY_MAX_K:
         return (
             f"K = {k} > {SPLIT_ONLY_MAX_K}: the unfused GEMM and copies are faster for a split "

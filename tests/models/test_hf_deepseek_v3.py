@@ -1,25 +1,27 @@
 """HF transformers DeepSeek-V3 (tiny config, random weights, never downloaded): the MLA kv_b GEMM →
 view → transpose → split → `new_empty` + slice `copy_` of every attention layer becomes one
-`fxfuse.gemm_split_cat`, and the logits match."""
+`fxfuse.gemm_split_cat`, and the logits match; with the linears quantized (FP8 per token, MXFP4)
+it becomes the quantized GEMM with the split epilogue."""
 
 import pytest
 import torch
 
 import fxfuse
+from fxfuse.models.quant_linear import quantize_linears
 from tests.helpers import assert_kv_b_feeds_only_split_cat
 
 transformers = pytest.importorskip("transformers")
 LAYERS = 2
 
 
-def _tiny_deepseek(attn: str):
+def _tiny_deepseek(attn: str, q_lora_rank: int = 48):
     # 4 heads of qk_nope 16 | v 16 from a 32-wide latent, rope 8: kv_b is (M, 32) x (32, 128).
     # Dense MLPs only (first_k_dense_replace = all layers): the MoE router is not what is tested.
     cfg = transformers.DeepseekV3Config(
         vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
         num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=4,
         n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
-        first_k_dense_replace=LAYERS, q_lora_rank=48, kv_lora_rank=32, qk_rope_head_dim=8,
+        first_k_dense_replace=LAYERS, q_lora_rank=q_lora_rank, kv_lora_rank=32, qk_rope_head_dim=8,
         qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=64,
     )  # fmt: skip
     cfg._attn_implementation = attn
@@ -36,18 +38,21 @@ class Logits(torch.nn.Module):
         return self.inner(input_ids=ids, use_cache=False).logits
 
 
-def _fuse_and_run(attn: str):
-    model = Logits(_tiny_deepseek(attn))
+def _fuse_and_run(attn: str, quant: str | None = None):
+    model = _tiny_deepseek(attn, q_lora_rank=64 if quant == "mxfp4" else 48)  # MXFP4: K % 32
+    if quant:
+        model = quantize_linears(model, quant)
+    model = Logits(model)
     ids = torch.randint(0, 128, (2, 7))  # 14 tokens: odd per sequence
     with torch.no_grad():
         fused = fxfuse.apply_fusions(model, (ids,))
         return fused, fused(ids), model(ids)
 
 
-def _kv_b_fused_in_every_layer(fused) -> None:
+def _kv_b_fused_in_every_layer(fused, op: str = "gemm_split_cat") -> None:
     report = fused.fxfuse_report
     assert report.counts["gemm_split_cat"] == LAYERS, str(report)
-    assert_kv_b_feeds_only_split_cat(fused, LAYERS)
+    assert_kv_b_feeds_only_split_cat(fused, LAYERS, op)
     # The q_b split feeds a cat of its own rope output: declined, with the reason.
     assert any("computed from the GEMM" in r for _, _, r in report.rejected)
 
@@ -63,6 +68,23 @@ def test_kv_b_fuses_in_every_layer_and_logits_match(attn, reference_path):
 def test_kv_b_kernel_in_interpreter_logits_match():
     fused, got, want = _fuse_and_run("eager")
     _kv_b_fused_in_every_layer(fused)
+    rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    assert rel <= 1e-2
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.99
+
+
+QUANT_OPS = {"fp8_rowwise": "gemm_fp8_split_cat", "mxfp4": "gemm_mxfp4_split_cat"}
+
+
+@pytest.mark.parametrize("quant", list(QUANT_OPS))
+@pytest.mark.parametrize("path", ["kernel", "reference"])
+def test_quantized_kv_b_fuses_in_every_layer_and_logits_match(quant, path, monkeypatch):
+    if path == "reference":  # the unfused spelling over the reference GEMM: the same bytes
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+    fused, got, want = _fuse_and_run("eager", quant)
+    _kv_b_fused_in_every_layer(fused, QUANT_OPS[quant])
+    if path == "reference":
+        assert torch.equal(got, want)
     rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
     assert rel <= 1e-2
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.99

@@ -396,3 +396,186 @@ def test_guard_constants_follow_the_kernel():
 
     assert gemm_split_cat_ops.KERNEL_DTYPES == kernel.DTYPES
     assert gemm_split_cat_ops.MAX_PIECES == kernel.MAX_PIECES
+
+
+# --- quantized producers: FP8 (rowwise, blockscale) and MXFP4 GEMMs -------------------------------
+# The GEMM is fxfuse's canonical gemm_fp8 / gemm_mxfp4, whatever the model spelled (_scaled_mm,
+# dequantize-then-matmul, fxfuse.ops.gemm_mxfp4; models/quant_linear.py). N and K multiples of 128
+# (blockscale), heads D 2 of (64 | 64), y 16 wide.
+QD, QS1, QS2, QS3, QK = 2, 64, 64, 16, 128
+QUANT_OPS = {
+    "fp8_rowwise": "fxfuse.gemm_fp8_split_cat.default",
+    "fp8_block": "fxfuse.gemm_fp8_split_cat.default",
+    "mxfp4": "fxfuse.gemm_mxfp4_split_cat.default",
+}
+
+
+class QuantSplitCat(nn.Module):
+    """[RMSNorm →] quantized linear → view → split → cat with y broadcast over the heads."""
+
+    def __init__(self, quant: str, norm: bool = False, y_dtype=BF16):
+        super().__init__()
+        from fxfuse.models.quant_linear import QuantLinear
+
+        self.proj = QuantLinear(torch.randn(QD * (QS1 + QS2), QK) / QK**0.5, quant)
+        self.norm = norm
+        self.y_dtype = y_dtype
+        self.register_buffer("norm_w", torch.rand(QK, dtype=BF16) + 0.5)
+
+    def normed(self, x):
+        if not self.norm:
+            return x
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.norm_w * h.to(x.dtype)
+
+    def forward(self, x, y):
+        c = self.proj(self.normed(x)).view(x.shape[0], QD, QS1 + QS2)
+        c1, c2 = torch.split(c, [QS1, QS2], dim=-1)
+        return torch.cat([c1, y.to(self.y_dtype).expand(-1, QD, -1)], dim=-1), c2
+
+
+def _quant_inputs(m=7):
+    return torch.randn(m, QK, dtype=BF16), torch.randn(m, 1, QS3, dtype=BF16)
+
+
+def _quantized_ref(model: QuantSplitCat, x: torch.Tensor) -> torch.Tensor:
+    """The GEMM in float64 from the same quantized activation and weights, (M, QD, QS1 + QS2)."""
+    from fxfuse.kernels import gemm_ref
+    from fxfuse.kernels.rms_norm_quant_ref import quant_fp8_ref, quant_mxfp4_ref
+
+    proj, xn = model.proj, model.normed(x)
+    if proj.quant == "mxfp4":
+        q, s = quant_mxfp4_ref(xn, "even")
+        c = gemm_ref.gemm_mxfp4_ref(q, s, proj.weight, proj.weight_scale, torch.float64)
+    else:
+        group = 128 if proj.quant == "fp8_block" else 0
+        q, s = quant_fp8_ref(xn, group, torch.float8_e4m3fn, 1e-10, False, False)
+        w_scale = proj.weight_scale.reshape(-1) if not group else proj.weight_scale
+        c = gemm_ref.gemm_fp8_ref(q, s, proj.weight, w_scale, torch.float64)
+    return c.view(x.shape[0], QD, QS1 + QS2)
+
+
+def _check_quantized(model, x, y, got):
+    out, c2 = got
+    c = _quantized_ref(model, x)
+    assert out.shape == (x.shape[0], QD, QS1 + QS3) and out.dtype == BF16
+    assert rel_err(out[..., :QS1], c[..., :QS1]) <= RTOL and rel_err(c2, c[..., QS1:]) <= RTOL
+    assert torch.equal(out[..., QS1:], y.expand(-1, QD, -1))
+
+
+@pytest.mark.parametrize("norm", [False, True], ids=["quant", "rmsnorm_quant"])
+@pytest.mark.parametrize("quant", list(QUANT_OPS))
+def test_quantized_producer_fires_and_matches(quant, norm):
+    """The kernel (interpreter): the quantized GEMM writes the pieces; the norm and quant before
+    it fuse into one rms_norm_quant (the chain's GEMM is this one)."""
+    model, (x, y) = QuantSplitCat(quant, norm), _quant_inputs()
+    fused = _fuse(model, (x, y))
+    counts = fused.fxfuse_report.counts
+    assert counts[NAME] == 1, str(fused.fxfuse_report)
+    assert counts["rmsnorm_quant_gemm"] == counts["quant_gemm"] == 0
+    assert counts["rmsnorm_quant"] == int(norm)
+    targets = fused_targets(fused)
+    assert QUANT_OPS[quant] in targets and "fxfuse.gemm_fp8.default" not in targets
+    _check_quantized(model, x, y, fused(x, y))
+
+
+@pytest.mark.parametrize("quant", list(QUANT_OPS))
+def test_quantized_reference_path_equals_unfused(quant, reference_path):
+    model, inputs = QuantSplitCat(quant, norm=True), _quant_inputs()
+    fused = _fuse(model, inputs)
+    assert fused.fxfuse_report.counts[NAME] == 1
+    assert QUANT_OPS[quant] in fused_targets(fused)
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
+def test_quantized_dynamic_tokens():
+    """One graph, M from 1 up: the interpreter's kernel at every M."""
+    model, inputs = QuantSplitCat("fp8_rowwise", norm=True), _quant_inputs(9)
+    m = torch.export.Dim("m", min=1, max=64)
+    fused = _fuse(model, inputs, dynamic_shapes=({0: m}, {0: m}))
+    assert fused.fxfuse_report.counts[NAME] == 1
+    for rows in (1, 4, 33):
+        x, y = _quant_inputs(rows)
+        _check_quantized(model, x, y, fused(x, y))
+
+
+def test_quantized_disabled_leaves_the_chain_fusion(reference_path):
+    """Without gemm_split_cat the chain ends in the GEMM as before: rmsnorm_quant_gemm."""
+    model, inputs = QuantSplitCat("fp8_rowwise", norm=True), _quant_inputs()
+    fused = _fuse(model, inputs, config=fxfuse.FusionConfig(disable=(NAME,)))
+    assert fused.fxfuse_report.counts["rmsnorm_quant_gemm"] == 1
+    assert not any("split" in t for t in fused_targets(fused))
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
+def test_quantized_y_of_another_dtype_does_not_fire(reference_path):
+    """cat promotes a bf16 GEMM piece and an fp32 y to fp32: the pieces' dtypes differ."""
+    model, inputs = QuantSplitCat("fp8_rowwise", y_dtype=torch.float32), _quant_inputs()
+    fused = _fuse(model, inputs)
+    assert fused.fxfuse_report.counts[NAME] == 0
+    reasons = " | ".join(r for p, _, r in fused.fxfuse_report.rejected if p == NAME)
+    assert "differ in dtype" in reasons, reasons
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
+def test_quantized_torch_compile_post_grad_fires():
+    model, (x, y) = QuantSplitCat("fp8_rowwise", norm=True), _quant_inputs()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, backend="fxfuse")(x, y)
+    report = fxfuse.last_report()
+    assert report.counts[NAME] == 1, str(report)
+    assert any(r.replacement == QUANT_OPS["fp8_rowwise"] for r in report.rewrites)
+    _check_quantized(model, x, y, got)
+
+
+def _quantized_op_args(kind):
+    from fxfuse.kernels.rms_norm_quant_ref import quant_fp8_ref, quant_mxfp4_ref
+
+    x, w = torch.randn(5, QK), torch.randn(QD * (QS1 + QS2), QK)
+    y = torch.randn(5, 1, QS3, dtype=BF16).expand(5, QD, QS3)
+    if kind == "mxfp4":
+        return (*quant_mxfp4_ref(x, "even"), *quant_mxfp4_ref(w, "even")), y
+    q, s = quant_fp8_ref(x, 0, torch.float8_e4m3fn, 1e-10, False, False)
+    wq, ws = quant_fp8_ref(w, 0, torch.float8_e4m3fn, 1e-10, False, False)
+    return (q, s, wq, ws.view(-1)), y
+
+
+@pytest.mark.parametrize("path", ["kernel", "reference"])
+@pytest.mark.parametrize("kind", ["fp8", "mxfp4"])
+def test_quantized_ops_pass_opcheck(kind, path, monkeypatch):
+    if path == "reference":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+    gemm, y = _quantized_op_args(kind)
+    # test_schema compares FP8 inputs with a multiply torch's CPU backend lacks for float8.
+    utils = ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic")
+    ops = torch.ops.fxfuse
+    split_cat, split = (
+        (ops.gemm_fp8_split_cat, ops.gemm_fp8_split)
+        if kind == "fp8"
+        else (ops.gemm_mxfp4_split_cat, ops.gemm_mxfp4_split)
+    )
+    torch.library.opcheck(split_cat.default, (*gemm, BF16, QD, QS1, QS2, y), test_utils=utils)
+    torch.library.opcheck(split.default, (*gemm, BF16, QD, [QS1, 8, QS2 - 8]), test_utils=utils)
+    out, c2 = split_cat(*gemm, BF16, QD, QS1, QS2, y)
+    pieces = split(*gemm, BF16, QD, [QS1, QS2])
+    assert torch.equal(out[..., :QS1], pieces[0]) and torch.equal(c2, pieces[1])
+    assert torch.equal(out[..., QS1:], y)
+
+
+@pytest.mark.parametrize(
+    "change, argument",
+    [({"out_dtype": torch.float16}, "y"), ({"d": 3}, "w"), ({"s2": -1}, "s2"), ({"d": 0}, "d")],
+)
+@pytest.mark.parametrize("kind", ["fp8", "mxfp4"])
+def test_quantized_ops_name_the_bad_argument(kind, change, argument):
+    gemm, y = _quantized_op_args(kind)
+    a = {"out_dtype": BF16, "d": QD, "s1": QS1, "s2": QS2, **change}
+    op = (
+        torch.ops.fxfuse.gemm_fp8_split_cat
+        if kind == "fp8"
+        else torch.ops.fxfuse.gemm_mxfp4_split_cat
+    )
+    with pytest.raises(ValueError, match=rf"^{argument}:"):
+        op(*gemm, a["out_dtype"], a["d"], a["s1"], a["s2"], y)
