@@ -25,6 +25,8 @@ WEIGHT_OPS = (
     fxfuse.rms_norm_quant_gemm.default,
     fxfuse.add_rms_norm_quant_gemm.default,
     fxfuse.allreduce_rms_norm_quant_gemm.default,
+    fxfuse.gemm_mxfp4_split_cat.default,
+    fxfuse.gemm_mxfp4_split.default,
 )
 PREFIX = "_fxfuse_prepacked_"
 

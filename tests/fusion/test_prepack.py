@@ -238,3 +238,35 @@ def test_norm_chains_and_name_clash(two):
         xm = _x(m, seed=m)
         for out, ref in zip(packed(xm), model(xm)):
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+class MxSplitCat(torch.nn.Module):
+    """An MXFP4 GEMM → view → split → cat (gemm_split_cat's MXFP4 producer): 2 heads of 32 | 16."""
+
+    def __init__(self):
+        super().__init__()
+        w, w_scale = _weights(2 * 48)
+        self.register_buffer("w", w)
+        self.register_buffer("w_scale", w_scale)
+
+    def forward(self, x):
+        q, s = fxfuse.ops.quant_mxfp4(x)
+        c = fxfuse.ops.gemm_mxfp4(q, s, self.w, self.w_scale, torch.bfloat16)
+        c1, c2 = torch.split(c.view(x.shape[0], 2, 48), [32, 16], dim=-1)
+        y = x[:, None, :8].expand(-1, 2, -1)
+        return torch.cat([c1, y], dim=-1), c2
+
+
+def test_split_cat_producer_is_prepacked():
+    model = MxSplitCat()
+    packed, plain = _fuse(model), _fuse(MxSplitCat(), prepack_weights=False)
+    assert packed.fxfuse_report.counts["gemm_split_cat"] == 1
+    assert [w for _, w in packed.fxfuse_report.prepacked] == [PREFIX + "w"]
+    (node,) = [
+        n for n in packed.graph.nodes if n.target is torch.ops.fxfuse.gemm_mxfp4_split_cat.default
+    ]
+    assert tuple(_attr(packed, node.args[2]).shape) == preshuffled_shapes(96, K)[0]
+    for m in (3, 40):
+        xm = _x(m, seed=m)
+        got, want = packed(xm), plain(xm)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
