@@ -39,6 +39,9 @@ from fxfuse.kernels.gemm_split_cat_ref import split_cat_of
 from fxfuse.kernels.rms_norm_quant_ref import quant_fp8_ref, quant_mxfp4_ref
 from fxfuse.runtime import gemm_ops
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_gemm_split_cat import rotating  # noqa: E402
+
 SUITE = "gemm_split_cat_quant"
 L2_BYTES = 60 * 2**20
 FP8 = torch.float8_e4m3fn
@@ -75,17 +78,6 @@ def input_sets(kind: str, m: int, shape: dict, device) -> list[dict]:
     set_bytes = m * shape["k"] + n * shape["k"] + 2 * m * n
     count = max(1, min(16, math.ceil(2 * L2_BYTES / set_bytes)))
     return [make_inputs(kind, m, shape, device) for _ in range(count)]
-
-
-def rotating(sets: list[dict], call):
-    state = {"i": 0}
-
-    def fn():
-        inputs = sets[state["i"] % len(sets)]
-        state["i"] += 1
-        return call(inputs)
-
-    return fn
 
 
 def _ops(kind: str):

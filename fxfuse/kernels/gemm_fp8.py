@@ -54,12 +54,7 @@ from fxfuse.kernels.gemm_ref import (
     _is_scalar_scale,
     check_gemm_fp8_args,
 )
-from fxfuse.kernels.gemm_split_cat import (
-    epilogue_args,
-    split_cat_dest,
-    split_dest,
-    split_epilogue,
-)
+from fxfuse.kernels.gemm_split_cat import destinations, epilogue_args, split_epilogue
 from fxfuse.kernels.rms_norm_quant import (
     _fp8_native,
     _fp8_quant,
@@ -654,10 +649,11 @@ def gemm_fp8(
     return out
 
 
-def _gemm_fp8_into(q, x_scale, w, w_scale, out_dtype, make_dest, config, target):
+def _gemm_fp8_into(q, x_scale, w, w_scale, out_dtype, d, widths, y, config, target):
+    """gemm_fp8 into `destinations(..)`: the split-cat's (out, c2) with y, else the pieces."""
     kind = check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype)
     _check_runnable(q, "q")
-    outputs, dest = make_dest(w.shape[0])
+    outputs, dest = destinations(q, w.shape[0], d, widths, y, out_dtype)
     if q.shape[0]:
         _launch(
             q, x_scale, w, w_scale, dest[0][0], a_kind=A_FP8, blockwise=kind == SCALE_BLOCK,
@@ -674,15 +670,8 @@ def gemm_fp8_split_cat(
     """(cat([c1, y], -1), c2) of c1, c2 = split(gemm_fp8(q, ..).view(M, d, s1 + s2), [s1, s2],
     -1) in y's dtype, each tile written straight to its destination and y copied by the tiles
     (gemm_split_cat.split_epilogue)."""
-    if not isinstance(y, torch.Tensor):
-        raise ValueError(f"y: expected an (M, d, S3) tensor, got {type(y).__name__}")
-    out_dtype = y.dtype
-
-    def make_dest(n):
-        out, c2, dest = split_cat_dest(q, n, d, s1, s2, y, out_dtype)
-        return (out, c2), dest
-
-    return _gemm_fp8_into(q, x_scale, w, w_scale, out_dtype, make_dest, config, target)
+    out_dtype = _split_cat_dtype(y)
+    return _gemm_fp8_into(q, x_scale, w, w_scale, out_dtype, d, [s1, s2], y, config, target)
 
 
 @planned
@@ -692,12 +681,14 @@ def gemm_fp8_split(
 ) -> tuple[torch.Tensor, ...]:
     """The pieces of split(gemm_fp8(q, ..).view(M, d, sum(sizes)), sizes, -1), each contiguous,
     written straight from the GEMM tiles (up to four)."""
+    return _gemm_fp8_into(q, x_scale, w, w_scale, out_dtype, d, sizes, None, config, target)
 
-    def make_dest(n):
-        pieces, dest = split_dest(q, n, d, sizes, out_dtype)
-        return tuple(pieces), dest
 
-    return _gemm_fp8_into(q, x_scale, w, w_scale, out_dtype, make_dest, config, target)
+def _split_cat_dtype(y) -> torch.dtype:
+    """A split-cat's output dtype: y's (the cat's pieces share one)."""
+    if not isinstance(y, torch.Tensor):
+        raise ValueError(f"y: expected an (M, d, S3) tensor, got {type(y).__name__}")
+    return y.dtype
 
 
 @planned

@@ -69,6 +69,7 @@ from fxfuse.kernels import formats
 from fxfuse.kernels._plans import launch, planned
 from fxfuse.kernels.gemm_fp8 import (
     _cdiv,
+    _split_cat_dtype,
     _split_k_reduce,
     _spread_offsets,
     _spread_rows,
@@ -88,7 +89,7 @@ from fxfuse.kernels.gemm_ref import (
     check_gemm_mxfp4_args,
     preshuffled_shapes,
 )
-from fxfuse.kernels.gemm_split_cat import epilogue_args, split_cat_dest, split_dest, split_epilogue
+from fxfuse.kernels.gemm_split_cat import destinations, epilogue_args, split_epilogue
 from fxfuse.kernels.rms_norm_quant import _e2m1_code, _e8m0_exponent, _e8m0_factor, _load_f32
 from fxfuse.runtime.target import interpreting
 
@@ -690,12 +691,12 @@ def _checked_args(q, x_scale, w, w_scale, out_dtype, preshuffled, n) -> tuple[in
     return m, k, n
 
 
-def _gemm_into(q, x_scale, w, w_scale, out_dtype, make_dest, layout: dict):
-    """The GEMM into the pieces `make_dest(N)` gives: (outputs, dest) (gemm_split_cat)."""
+def _gemm_into(q, x_scale, w, w_scale, out_dtype, d, widths, y, layout: dict):
+    """gemm_mxfp4 into `destinations(..)`: the split-cat's (out, c2) with y, else the pieces."""
     m, k, n = _checked_args(
         q, x_scale, w, w_scale, out_dtype, layout["preshuffled"], layout["n"]
     )
-    outputs, dest = make_dest(n)
+    outputs, dest = destinations(q, n, d, widths, y, out_dtype)
     if m:
         _launch(
             q, x_scale, w, w_scale, dest[0][0], n, k, a_bf16=False,
@@ -714,16 +715,10 @@ def gemm_mxfp4_split_cat(
     """(cat([c1, y], -1), c2) of c1, c2 = split(gemm_mxfp4(q, ..).view(M, d, s1 + s2),
     [s1, s2], -1) in y's dtype, each tile written straight to its destination and y copied by
     the tiles (gemm_split_cat.split_epilogue). Other arguments as gemm_mxfp4's."""
-    if not isinstance(y, torch.Tensor):
-        raise ValueError(f"y: expected an (M, d, S3) tensor, got {type(y).__name__}")
-
-    def make_dest(cols):
-        out, c2, dest = split_cat_dest(q, cols, d, s1, s2, y, y.dtype)
-        return (out, c2), dest
-
     layout = dict(preshuffled=preshuffled, n=n, use_dot_scaled=use_dot_scaled, config=config,
                   target=target)  # fmt: skip
-    return _gemm_into(q, x_scale, w, w_scale, y.dtype, make_dest, layout)
+    out_dtype = _split_cat_dtype(y)
+    return _gemm_into(q, x_scale, w, w_scale, out_dtype, d, [s1, s2], y, layout)
 
 
 @planned
@@ -734,14 +729,9 @@ def gemm_mxfp4_split(
 ) -> tuple[torch.Tensor, ...]:
     """The pieces of split(gemm_mxfp4(q, ..).view(M, d, sum(sizes)), sizes, -1), each
     contiguous, written straight from the GEMM tiles (up to four)."""
-
-    def make_dest(cols):
-        pieces, dest = split_dest(q, cols, d, sizes, out_dtype)
-        return tuple(pieces), dest
-
     layout = dict(preshuffled=preshuffled, n=n, use_dot_scaled=use_dot_scaled, config=config,
                   target=target)  # fmt: skip
-    return _gemm_into(q, x_scale, w, w_scale, out_dtype, make_dest, layout)
+    return _gemm_into(q, x_scale, w, w_scale, out_dtype, d, sizes, None, layout)
 
 
 @planned

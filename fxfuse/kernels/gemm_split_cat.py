@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fxfuse.kernels import gemm_split_cat_ref as ref
 from fxfuse.kernels._plans import launch, planned
 from fxfuse.kernels.rms_norm_quant import _round_to
 from fxfuse.runtime import launch_tables
@@ -518,42 +519,20 @@ def epilogue_args(dest, out: torch.Tensor, block_m: int, block_n: int) -> tuple[
     return args, meta
 
 
-def split_cat_dest(q: torch.Tensor, n: int, d: int, s1: int, s2: int, y, dtype: torch.dtype):
-    """(out, c2, dest) for a GEMM of q's M rows and n columns whose result goes to
-    out = cat([c1, y], -1) and c2 (SPEC §3), validated; out, c2 new and contiguous in dtype."""
-    for name, value in (("d", d), ("s1", s1), ("s2", s2)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < (name == "d"):
-            raise ValueError(f"{name}: expected a {'positive' if name == 'd' else 'non-negative'} "
-                             f"int, got {value!r}")  # fmt: skip
-    if s1 + s2 == 0:
-        raise ValueError("s1: s1 + s2 must be positive")
-    if n != d * (s1 + s2):
-        raise ValueError(f"w: has {n} output columns, expected d·(s1 + s2) = {d * (s1 + s2)}")
+def destinations(q: torch.Tensor, n: int, d: int, widths, y, dtype: torch.dtype):
+    """(outputs, dest) for a GEMM of q's rows and n columns in dtype, validated: with y, the
+    split-cat's (out, c2) (widths = [s1, s2]); without, the pieces of the split by widths. Each
+    output is new and contiguous; dest is `epilogue_args`'s."""
     m = q.shape[0]
-    if not isinstance(y, torch.Tensor) or y.dim() != 3 or tuple(y.shape[:2]) != (m, d):
-        raise ValueError(f"y: expected shape ({m}, {d}, S3), got {getattr(y, 'shape', type(y))}")
-    if y.dtype != dtype:
-        raise ValueError(f"y: dtype {y.dtype} differs from the output's {dtype}")
-    if y.device != q.device:
-        raise ValueError(f"y: on {y.device}, the GEMM on {q.device}")
+    if y is None:
+        ref.check_sizes(n, d, widths)
+        pieces = [torch.empty((m, d, size), dtype=dtype, device=q.device) for size in widths]
+        return tuple(pieces), (pieces, list(widths), d, None)
+    ref.check_cat_args(m, n, dtype, q.device, d, *widths, y, "q")
+    s1, s2 = widths
     out = torch.empty((m, d, s1 + y.shape[2]), dtype=dtype, device=q.device)
     c2 = torch.empty((m, d, s2), dtype=dtype, device=q.device)
-    return out, c2, ([out, c2], [s1, s2], d, y)
-
-
-def split_dest(q: torch.Tensor, n: int, d: int, sizes, dtype: torch.dtype):
-    """(pieces, dest) for a GEMM whose result goes to the pieces of split(c.view(M, d, ·), sizes),
-    validated; each piece new, (M, d, size) contiguous in dtype."""
-    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-        raise ValueError(f"d: expected a positive int, got {d!r}")
-    if not isinstance(sizes, (list, tuple)) or not 1 <= len(sizes) <= MAX_PIECES:
-        raise ValueError(f"sizes: expected 1 to {MAX_PIECES} sizes, got {sizes!r}")
-    if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes) or not sum(sizes):
-        raise ValueError(f"sizes: expected non-negative ints with a positive sum, got {sizes}")
-    if n != d * sum(sizes):
-        raise ValueError(f"w: has {n} output columns, expected d·sum(sizes) = {d * sum(sizes)}")
-    pieces = [torch.empty((q.shape[0], d, s), dtype=dtype, device=q.device) for s in sizes]
-    return pieces, (pieces, list(sizes), d, None)
+    return (out, c2), ([out, c2], [s1, s2], d, y)
 
 
 def _plan_uncached(m, n, k, d, widths, s3, config, target) -> dict:

@@ -6,7 +6,8 @@
     returns (out (M, D, S1 + S3), c2 (M, D, S2)), both contiguous
 
 `gemm_split_ref` is the same without the cat: the pieces of `split(c, sizes, -1)`, each contiguous.
-`split_cat_of` / `split_of` are the part after the GEMM, for any GEMM (the quantized producers).
+`split_cat_of` / `split_of` are the part after the GEMM, for any GEMM (the quantized producers);
+`check_cat_args` / `check_sizes` validate the split arguments for the ops and the kernels alike.
 The GEMM runs in x.dtype as torch runs it; tests compare against a float64 reference instead.
 """
 
@@ -42,3 +43,40 @@ def split_of(
     """The contiguous pieces of split(c.view(M, d, sum(sizes)), sizes, -1)."""
     pieces = torch.split(c.view(c.shape[0], d, sum(sizes)), list(sizes), dim=-1)
     return tuple(piece.contiguous() for piece in pieces)
+
+
+MAX_PIECES = 4  # the kernels' most output pieces
+
+
+def check_cat_args(m: int, n: int, dtype, device, d, s1, s2, y, first: str) -> None:
+    """The split / cat arguments of a GEMM of m rows and n columns giving dtype on device, whose
+    first operand is called `first` (ValueError naming the argument)."""
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+        raise ValueError(f"d: expected a positive int, got {d!r}")
+    for name, value in (("s1", s1), ("s2", s2)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}: expected a non-negative int, got {value!r}")
+    if s1 + s2 == 0:
+        raise ValueError("s1: s1 + s2 must be positive")
+    if n != d * (s1 + s2):
+        raise ValueError(f"w: has {n} output rows, expected d·(s1 + s2) = {d * (s1 + s2)}")
+    if not isinstance(y, torch.Tensor) or y.dim() != 3:
+        raise ValueError(f"y: expected a 3-D (M, d, S3) tensor, got {getattr(y, 'shape', type(y))}")
+    if y.shape[0] != m or y.shape[1] != d:
+        raise ValueError(f"y: expected shape ({m}, {d}, S3), got {tuple(y.shape)}")
+    if y.dtype != dtype:
+        raise ValueError(f"y: dtype {y.dtype} differs from the output's {dtype}")
+    if y.device != device:
+        raise ValueError(f"y: on {y.device}, {first} on {device}")
+
+
+def check_sizes(n: int, d, sizes) -> None:
+    """The split sizes of a GEMM of n columns viewed as (d, sum(sizes))."""
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+        raise ValueError(f"d: expected a positive int, got {d!r}")
+    if not isinstance(sizes, (list, tuple)) or not 1 <= len(sizes) <= MAX_PIECES:
+        raise ValueError(f"sizes: expected 1 to {MAX_PIECES} sizes, got {sizes!r}")
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes) or not sum(sizes):
+        raise ValueError(f"sizes: expected non-negative ints with a positive sum, got {sizes}")
+    if n != d * sum(sizes):
+        raise ValueError(f"w: has {n} output rows, expected d·sum(sizes) = {d * sum(sizes)}")

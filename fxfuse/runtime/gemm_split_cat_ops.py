@@ -36,7 +36,7 @@ from fxfuse.runtime.target import detect_target
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 # What the quantized producers' kernels write.
 QUANTIZED_OUT_DTYPES = gemm_ref.OUT_DTYPES
-MAX_PIECES = 4
+MAX_PIECES = ref.MAX_PIECES
 BACKEND_TABLE = "gemm_split_cat_backend"
 
 
@@ -65,45 +65,12 @@ def _check_gemm(x: torch.Tensor, w: torch.Tensor, d: int) -> None:
 
 def _check_split_cat(x, w, d, s1, s2, y) -> None:
     _check_gemm(x, w, d)
-    _check_cat_args(x.shape[0], w.shape[0], x.dtype, x.device, d, s1, s2, y, "x")
-
-
-def _check_cat_args(m: int, n: int, dtype, device, d, s1, s2, y, first: str) -> None:
-    """The split / cat arguments of a GEMM of m rows and n columns in dtype on device, whose
-    first operand is called `first`."""
-    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-        raise ValueError(f"d: expected a positive int, got {d!r}")
-    for name, value in (("s1", s1), ("s2", s2)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name}: expected a non-negative int, got {value!r}")
-    if s1 + s2 == 0:
-        raise ValueError("s1: s1 + s2 must be positive")
-    if n != d * (s1 + s2):
-        raise ValueError(f"w: has {n} output rows, expected d·(s1 + s2) = {d * (s1 + s2)}")
-    if not isinstance(y, torch.Tensor) or y.dim() != 3:
-        raise ValueError(f"y: expected a 3-D (M, d, S3) tensor, got {getattr(y, 'shape', type(y))}")
-    if y.shape[0] != m or y.shape[1] != d:
-        raise ValueError(f"y: expected shape ({m}, {d}, S3), got {tuple(y.shape)}")
-    if y.dtype != dtype:
-        raise ValueError(f"y: dtype {y.dtype} differs from the output's {dtype}")
-    if y.device != device:
-        raise ValueError(f"y: on {y.device}, {first} on {device}")
+    ref.check_cat_args(x.shape[0], w.shape[0], x.dtype, x.device, d, s1, s2, y, "x")
 
 
 def _check_split(x, w, d, sizes) -> None:
     _check_gemm(x, w, d)
-    _check_sizes(w.shape[0], d, sizes)
-
-
-def _check_sizes(n: int, d, sizes) -> None:
-    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-        raise ValueError(f"d: expected a positive int, got {d!r}")
-    if not isinstance(sizes, (list, tuple)) or not 1 <= len(sizes) <= MAX_PIECES:
-        raise ValueError(f"sizes: expected 1 to {MAX_PIECES} sizes, got {sizes!r}")
-    if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes) or not sum(sizes):
-        raise ValueError(f"sizes: expected non-negative ints with a positive sum, got {sizes}")
-    if n != d * sum(sizes):
-        raise ValueError(f"w: has {n} output rows, expected d·sum(sizes) = {d * sum(sizes)}")
+    ref.check_sizes(w.shape[0], d, sizes)
 
 
 def _on_kernel(*tensors: torch.Tensor) -> bool:
@@ -210,133 +177,83 @@ def _(x, w, d, sizes):
 # the unfused spelling. Without Triton every op runs that spelling over the torch reference GEMM.
 
 
-def _check_fp8(q, x_scale, w, w_scale, out_dtype) -> None:
-    gemm_ref.check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype)
-
-
-def _mxfp4_n(q, x_scale, w, w_scale, out_dtype) -> int:
-    """N of an MXFP4 GEMM's weights, plain or preshuffled (gemm_ref.mxfp4_weight_layout)."""
+def _quantized_n(kind: str, q, x_scale, w, w_scale, out_dtype) -> int:
+    """N of a quantized GEMM's arguments, validated (MXFP4 weights plain or preshuffled)."""
+    if kind == "fp8":
+        gemm_ref.check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype)
+        return w.shape[0]
     n, preshuffled = gemm_ref.mxfp4_weight_layout(w, w_scale, 2 * q.shape[1])
     if not preshuffled:
         gemm_ref.check_gemm_mxfp4_args(q, x_scale, w, w_scale, out_dtype)
     return n
 
 
-def _fp8_kernel_runs(q, x_scale, w, w_scale, out_dtype) -> bool:
-    return use_triton(q, w) and gemm_ops._vendor_kind(q, x_scale, w, w_scale, out_dtype) is None
-
-
-@fused_op("fxfuse::gemm_fp8_split_cat", mutates_args=())
-def gemm_fp8_split_cat(
-    q: torch.Tensor,
-    x_scale: torch.Tensor,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    out_dtype: torch.dtype,
-    d: int,
-    s1: int,
-    s2: int,
-    y: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cat([c1, y], -1), c2) of c1, c2 = split(gemm_fp8(q, ..).view(M, d, s1 + s2), [s1, s2])."""
-    _check_fp8(q, x_scale, w, w_scale, out_dtype)
-    _check_cat_args(q.shape[0], w.shape[0], out_dtype, q.device, d, s1, s2, y, "q")
-    if _fp8_kernel_runs(q, x_scale, w, w_scale, out_dtype):
-        return gemm_ops._fp8_kernels().gemm_fp8_split_cat(q, x_scale, w, w_scale, d, s1, s2, y)
-    c = gemm_ops._gemm_fp8(q, x_scale, w, w_scale, out_dtype)
-    return ref.split_cat_of(c, d, s1, s2, y)
-
-
-@gemm_fp8_split_cat.register_fake
-def _(q, x_scale, w, w_scale, out_dtype, d, s1, s2, y):
-    _check_fp8(q, x_scale, w, w_scale, out_dtype)
-    _check_cat_args(q.shape[0], w.shape[0], out_dtype, q.device, d, s1, s2, y, "q")
-    m = q.shape[0]
-    return y.new_empty((m, d, s1 + y.shape[2])), y.new_empty((m, d, s2))
-
-
-@fused_op("fxfuse::gemm_fp8_split", mutates_args=())
-def gemm_fp8_split(
-    q: torch.Tensor,
-    x_scale: torch.Tensor,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    out_dtype: torch.dtype,
-    d: int,
-    sizes: list[int],
-) -> list[torch.Tensor]:
-    """The pieces of split(gemm_fp8(q, ..).view(M, d, sum(sizes)), sizes, -1), each contiguous."""
-    _check_fp8(q, x_scale, w, w_scale, out_dtype)
-    _check_sizes(w.shape[0], d, sizes)
-    if _fp8_kernel_runs(q, x_scale, w, w_scale, out_dtype):
+def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
+    """(out, c2) of the split-cat (y given) or the pieces of the split (y None)."""
+    q, w = gemm[0], gemm[2]
+    n = _quantized_n(kind, *gemm, out_dtype)
+    if y is None:
+        ref.check_sizes(n, d, widths)
+    else:
+        ref.check_cat_args(q.shape[0], n, out_dtype, q.device, d, *widths, y, "q")
+    kernels, layout = None, {}
+    if kind == "mxfp4" and use_triton(q, w):
+        kernels, layout = (
+            gemm_ops._mxfp4_kernels(),
+            gemm_ops._mxfp4_layout(*gemm[2:], 2 * q.shape[1]),
+        )
+    elif kind == "fp8" and use_triton(q, w) and gemm_ops._vendor_kind(*gemm, out_dtype) is None:
         kernels = gemm_ops._fp8_kernels()
-        return list(kernels.gemm_fp8_split(q, x_scale, w, w_scale, d, list(sizes), out_dtype))
-    return list(ref.split_of(gemm_ops._gemm_fp8(q, x_scale, w, w_scale, out_dtype), d, sizes))
+    if kernels is not None:
+        if y is None:
+            return list(
+                getattr(kernels, f"gemm_{kind}_split")(*gemm, d, widths, out_dtype, **layout)
+            )
+        return getattr(kernels, f"gemm_{kind}_split_cat")(*gemm, d, *widths, y, **layout)
+    # The vendor GEMM (or the reference), then the pieces copied out of its result.
+    c = (gemm_ops._gemm_fp8 if kind == "fp8" else gemm_ops._gemm_mxfp4)(*gemm, out_dtype)
+    return list(ref.split_of(c, d, widths)) if y is None else ref.split_cat_of(c, d, *widths, y)
 
 
-@gemm_fp8_split.register_fake
-def _(q, x_scale, w, w_scale, out_dtype, d, sizes):
-    _check_fp8(q, x_scale, w, w_scale, out_dtype)
-    _check_sizes(w.shape[0], d, sizes)
-    return [q.new_empty((q.shape[0], d, size), dtype=out_dtype) for size in sizes]
+def _quantized_fake(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
+    q = gemm[0]
+    n = _quantized_n(kind, *gemm, out_dtype)
+    if y is None:
+        ref.check_sizes(n, d, widths)
+        return [q.new_empty((q.shape[0], d, size), dtype=out_dtype) for size in widths]
+    ref.check_cat_args(q.shape[0], n, out_dtype, q.device, d, *widths, y, "q")
+    return y.new_empty((q.shape[0], d, widths[0] + y.shape[2])), y.new_empty(
+        (q.shape[0], d, widths[1])
+    )
 
 
-@fused_op("fxfuse::gemm_mxfp4_split_cat", mutates_args=())
-def gemm_mxfp4_split_cat(
-    q: torch.Tensor,
-    x_scale: torch.Tensor,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    out_dtype: torch.dtype,
-    d: int,
-    s1: int,
-    s2: int,
-    y: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cat([c1, y], -1), c2) of c1, c2 = split(gemm_mxfp4(q, ..).view(M, d, s1 + s2), [s1, s2])."""
-    n = _mxfp4_n(q, x_scale, w, w_scale, out_dtype)
-    _check_cat_args(q.shape[0], n, out_dtype, q.device, d, s1, s2, y, "q")
-    if use_triton(q, w):
-        layout = gemm_ops._mxfp4_layout(w, w_scale, 2 * q.shape[1])
-        return gemm_ops._mxfp4_kernels().gemm_mxfp4_split_cat(
-            q, x_scale, w, w_scale, d, s1, s2, y, **layout
-        )
-    c = gemm_ops._gemm_mxfp4(q, x_scale, w, w_scale, out_dtype)
-    return ref.split_cat_of(c, d, s1, s2, y)
+def _quantized_ops(kind: str):
+    """Registers fxfuse::gemm_<kind>_split_cat and gemm_<kind>_split (kind "fp8" or "mxfp4")."""
+
+    @fused_op(f"fxfuse::gemm_{kind}_split_cat", mutates_args=())
+    def split_cat(
+        q: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+        out_dtype: torch.dtype, d: int, s1: int, s2: int, y: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return _quantized(kind, (q, x_scale, w, w_scale), out_dtype, d, [s1, s2], y)
+
+    @split_cat.register_fake
+    def _(q, x_scale, w, w_scale, out_dtype, d, s1, s2, y):
+        return _quantized_fake(kind, (q, x_scale, w, w_scale), out_dtype, d, [s1, s2], y)
+
+    @fused_op(f"fxfuse::gemm_{kind}_split", mutates_args=())
+    def split(
+        q: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+        out_dtype: torch.dtype, d: int, sizes: list[int],
+    ) -> list[torch.Tensor]:
+        return _quantized(kind, (q, x_scale, w, w_scale), out_dtype, d, list(sizes), None)
+
+    @split.register_fake
+    def _(q, x_scale, w, w_scale, out_dtype, d, sizes):
+        return _quantized_fake(kind, (q, x_scale, w, w_scale), out_dtype, d, list(sizes), None)
+
+    return split_cat, split
 
 
-@gemm_mxfp4_split_cat.register_fake
-def _(q, x_scale, w, w_scale, out_dtype, d, s1, s2, y):
-    n = _mxfp4_n(q, x_scale, w, w_scale, out_dtype)
-    _check_cat_args(q.shape[0], n, out_dtype, q.device, d, s1, s2, y, "q")
-    m = q.shape[0]
-    return y.new_empty((m, d, s1 + y.shape[2])), y.new_empty((m, d, s2))
-
-
-@fused_op("fxfuse::gemm_mxfp4_split", mutates_args=())
-def gemm_mxfp4_split(
-    q: torch.Tensor,
-    x_scale: torch.Tensor,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    out_dtype: torch.dtype,
-    d: int,
-    sizes: list[int],
-) -> list[torch.Tensor]:
-    """The pieces of split(gemm_mxfp4(q, ..).view(M, d, sum(sizes)), sizes, -1), each contiguous."""
-    n = _mxfp4_n(q, x_scale, w, w_scale, out_dtype)
-    _check_sizes(n, d, sizes)
-    if use_triton(q, w):
-        layout = gemm_ops._mxfp4_layout(w, w_scale, 2 * q.shape[1])
-        kernels = gemm_ops._mxfp4_kernels()
-        return list(
-            kernels.gemm_mxfp4_split(q, x_scale, w, w_scale, d, list(sizes), out_dtype, **layout)
-        )
-    return list(ref.split_of(gemm_ops._gemm_mxfp4(q, x_scale, w, w_scale, out_dtype), d, sizes))
-
-
-@gemm_mxfp4_split.register_fake
-def _(q, x_scale, w, w_scale, out_dtype, d, sizes):
-    n = _mxfp4_n(q, x_scale, w, w_scale, out_dtype)
-    _check_sizes(n, d, sizes)
-    return [q.new_empty((q.shape[0], d, size), dtype=out_dtype) for size in sizes]
+gemm_fp8_split_cat, gemm_fp8_split = _quantized_ops("fp8")
+gemm_mxfp4_split_cat, gemm_mxfp4_split = _quantized_ops("mxfp4")
