@@ -487,9 +487,10 @@ def epilogue_args(dest, out: torch.Tensor, block_m: int, block_n: int) -> tuple[
 
     dest None: NUM_PIECES 0, the kernel stores its (M, N) tile to out as usual (the arguments are
     placeholders). Else dest = (pieces, widths, d, y): row m of the GEMM viewed as (d, sum(widths))
-    and split along its last dim; piece i (M, d, LD_i) contiguous, with out = pieces[0], takes
-    columns [lo_i, lo_i + widths[i]) of each head at its columns [0, widths[i]); pieces[0] also
-    takes y (M, d, S3) (any strides, None for none) at columns [widths[0], widths[0] + S3)."""
+    and split along its last dim; piece i, with out = pieces[0], takes columns [lo_i, lo_i +
+    widths[i]) of each head at its columns [0, widths[i]); pieces[0] also takes y (M, d, S3) (any
+    strides, None for none) at columns [widths[0], widths[0] + S3). A piece is (M, d, ·) with
+    strides (d·LD_i, LD_i, 1): contiguous, or the tail columns of a wider such buffer."""
     if dest is None:
         return (out, out, out, out, *([0] * 13)), NO_SPLIT
     pieces, widths, d, y = dest
@@ -499,7 +500,10 @@ def epilogue_args(dest, out: torch.Tensor, block_m: int, block_n: int) -> tuple[
     sw = sum(widths)
     ptrs = list(pieces) + [out] * (MAX_PIECES - num)
     w_pad = list(widths) + [0] * (MAX_PIECES - num)
-    ld = [p.shape[-1] for p in pieces] + [1] * (MAX_PIECES - num)
+    for i, p in enumerate(pieces):
+        if p.dim() != 3 or p.stride(2) != 1 or p.stride(0) != d * p.stride(1):
+            raise ValueError(f"dest: piece {i} is not rows of (d, LD) with unit column stride")
+    ld = [p.stride(1) for p in pieces] + [1] * (MAX_PIECES - num)
     s3 = 0 if y is None else y.shape[-1]
     block_s3 = min(
         triton.next_power_of_2(max(s3, 1)), max(16, EPILOGUE_COPY_ELEMENTS // block_m)
@@ -520,9 +524,10 @@ def epilogue_args(dest, out: torch.Tensor, block_m: int, block_n: int) -> tuple[
 
 
 def destinations(q: torch.Tensor, n: int, d: int, widths, y, dtype: torch.dtype):
-    """(outputs, dest) for a GEMM of q's rows and n columns in dtype, validated: with y, the
-    split-cat's (out, c2) (widths = [s1, s2]); without, the pieces of the split by widths. Each
-    output is new and contiguous; dest is `epilogue_args`'s."""
+    """(outputs, dest) for a GEMM of q's rows and n columns in dtype, validated; dest is
+    `epilogue_args`'s. With y, the split-cat's (out, c2) (widths = [s1, s2]): out contiguous, c2
+    laid out as the unfused graph's c2, the last s2 columns of an (M, d, s1 + s2) buffer
+    (`split_cat_c2`). Without y, the pieces of the split by widths, each contiguous."""
     m = q.shape[0]
     if y is None:
         ref.check_sizes(n, d, widths)
@@ -531,8 +536,52 @@ def destinations(q: torch.Tensor, n: int, d: int, widths, y, dtype: torch.dtype)
     ref.check_cat_args(m, n, dtype, q.device, d, *widths, y, "q")
     s1, s2 = widths
     out = torch.empty((m, d, s1 + y.shape[2]), dtype=dtype, device=q.device)
-    c2 = torch.empty((m, d, s2), dtype=dtype, device=q.device)
+    c2 = ref.split_cat_c2(torch.empty((m, d * (s1 + s2)), dtype=dtype, device=q.device), d, s1, s2)
     return (out, c2), ([out, c2], [s1, s2], d, y)
+
+
+@triton.jit
+def _cat_kernel(
+    c_ptr, y_ptr, out_ptr,
+    R, D, S1, SW, W, stride_ym, stride_yd, stride_ys,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, COL_ITERS: tl.constexpr,
+):
+    """out[r, :S1] = c[r, :S1] and out[r, S1:W] = y[m, d, :] for rows r = m·D + d of c viewed as
+    (M·D, SW) and out as (M·D, W): the cat of the unfused spelling, in one pass."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_mask = rows < R
+    m = rows // D
+    d = rows % D
+    for j in tl.static_range(COL_ITERS):
+        cols = j * BLOCK_C + tl.arange(0, BLOCK_C)
+        from_c = (cols < S1)[None, :]
+        valid = row_mask[:, None] & (cols < W)[None, :]
+        c_vals = tl.load(c_ptr + rows[:, None] * SW + cols[None, :], mask=valid & from_c)
+        y_ptrs = (
+            y_ptr
+            + (m * stride_ym + d * stride_yd)[:, None]
+            + (cols - S1)[None, :].to(tl.int64) * stride_ys
+        )
+        y_vals = tl.load(y_ptrs, mask=valid & ~from_c)
+        tl.store(out_ptr + rows[:, None] * W + cols[None, :], tl.where(from_c, c_vals, y_vals),
+                 mask=valid)
+
+
+def cat_pieces(c: torch.Tensor, d: int, s1: int, s2: int, y: torch.Tensor) -> torch.Tensor:
+    """cat([c.view(M, d, s1 + s2)[..., :s1], y], -1) of a contiguous (M, N) GEMM result c, as one
+    kernel (the split-cat ops' path after a vendor GEMM); contiguous, c's dtype."""
+    m = c.shape[0]
+    width = s1 + y.shape[2]
+    out = torch.empty((m, d, width), dtype=c.dtype, device=c.device)
+    rows = m * d
+    if rows:
+        block_c = min(triton.next_power_of_2(width), 256)
+        block_r = max(1, 4096 // block_c)
+        launch(_cat_kernel, (triton.cdiv(rows, block_r),),
+            c, y, out, rows, d, s1, s1 + s2, width, *y.stride(),
+            BLOCK_R=block_r, BLOCK_C=block_c, COL_ITERS=triton.cdiv(width, block_c), num_warps=4,
+        )  # fmt: skip
+    return out
 
 
 def _plan_uncached(m, n, k, d, widths, s3, config, target) -> dict:

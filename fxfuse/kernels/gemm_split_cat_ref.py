@@ -37,6 +37,12 @@ def split_cat_of(
     return torch.cat([c1, y], dim=-1), c2.contiguous()
 
 
+def split_cat_c2(c: torch.Tensor, d: int, s1: int, s2: int) -> torch.Tensor:
+    """c2 as the quantized split-cat ops return it: the view the unfused graph has, the last s2
+    columns of each head of c (M, d·(s1 + s2)) viewed as (M, d, s1 + s2); not copied."""
+    return c.view(c.shape[0], d, s1 + s2)[..., s1:]
+
+
 def split_of(
     c: torch.Tensor, d: int, sizes: list[int] | tuple[int, ...]
 ) -> tuple[torch.Tensor, ...]:

@@ -302,7 +302,9 @@ class Producer:
     pattern binds "gemm" (the node whose output is c) and "x" (its activation, whose leading
     dims are the rows); guard(m) -> None or a reason; operands(m, build) -> the GEMM operands of
     the fused ops (built with `build.call`); split_cat / split: fused ops called as
-    (*operands, d, s1, s2, y) and (*operands, d, sizes); reduction(m) -> the GEMM's K."""
+    (*operands, d, s1, s2, y) and (*operands, d, sizes); reduction(m) -> the GEMM's K;
+    c2_contiguous: whether split_cat's c2 is contiguous (else it is laid out as the unfused
+    graph's c2, a view of an (M, d, s1 + s2) buffer)."""
 
     name: str
     pattern: Pat
@@ -311,6 +313,7 @@ class Producer:
     split_cat: object
     split: object
     reduction: Callable[[Match], int | None]
+    c2_contiguous: bool = True
 
     @property
     def targets(self) -> tuple:
@@ -410,6 +413,7 @@ FP8 = Producer(
     split_cat=fxfuse.gemm_fp8_split_cat.default,
     split=fxfuse.gemm_fp8_split.default,
     reduction=_k_of_x,
+    c2_contiguous=False,
 )
 MXFP4 = Producer(
     name="mxfp4",
@@ -419,6 +423,7 @@ MXFP4 = Producer(
     split_cat=fxfuse.gemm_mxfp4_split_cat.default,
     split=fxfuse.gemm_mxfp4_split.default,
     reduction=lambda m: 2 * _k_of_x(m) if _k_of_x(m) is not None else None,  # q: 2 codes a byte
+    c2_contiguous=False,
 )
 # Most specific first (see the module docstring).
 PRODUCERS = [DENSE, FP8, MXFP4]
@@ -565,7 +570,8 @@ def _replace_split_cat(m: Match, ctx, build):
             piece = rest
             if len(sizes) > 2:
                 piece = build.call(aten.slice.Tensor, (rest, -1, start - s1, start - s1 + size))
-            values.append(_carried(build, output, piece, not layout.perm and len(sizes) == 2))
+            contiguous = producer.c2_contiguous and not layout.perm and len(sizes) == 2
+            values.append(_carried(build, output, piece, contiguous))
         start += size
     return values
 

@@ -170,11 +170,14 @@ def _(x, w, d, sizes):
 #   gemm_fp8_split(q, x_scale, w, w_scale, out_dtype, d, sizes) -> [pieces]
 #   gemm_mxfp4_split_cat / gemm_mxfp4_split: the same over gemm_mxfp4's operands
 # c is gemm_fp8(q, x_scale, w, w_scale, out_dtype) (gemm_mxfp4 ...); the rest as above, with y in
-# out_dtype. On CUDA/ROCm and in the interpreter the Triton GEMM writes the pieces and copies y
-# (kernels/gemm_split_cat.split_epilogue), except where gemm_fp8 would run the vendor GEMM for
-# this shape (the A8W8 backend tables: `_scaled_mm` is faster there than fxfuse's kernel, by more
-# than the copies cost): then the vendor GEMM runs and the pieces are copied out of its result,
-# the unfused spelling. Without Triton every op runs that spelling over the torch reference GEMM.
+# out_dtype, except that c2 is laid out as in the unfused graph: the last s2 columns of each head
+# of an (M, d, s1 + s2) buffer, not copied (`gemm_split_cat_ref.split_cat_c2`). On CUDA/ROCm and
+# in the interpreter the Triton GEMM writes out and c2 and copies y
+# (kernels/gemm_split_cat.split_epilogue), except where gemm_fp8 runs the vendor GEMM for this
+# shape (the A8W8 backend tables; on the H100 it takes kv_b from M 128 in a third of the time of
+# fxfuse's kernel): then `_scaled_mm` runs and one kernel copies the cat out of its result
+# (`cat_pieces`), c2 being a view of it. Without Triton every op runs the unfused spelling over the
+# torch reference GEMM.
 
 
 def _quantized_n(kind: str, q, x_scale, w, w_scale, out_dtype) -> int:
@@ -210,9 +213,16 @@ def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
                 getattr(kernels, f"gemm_{kind}_split")(*gemm, d, widths, out_dtype, **layout)
             )
         return getattr(kernels, f"gemm_{kind}_split_cat")(*gemm, d, *widths, y, **layout)
-    # The vendor GEMM (or the reference), then the pieces copied out of its result.
+    # The vendor GEMM (or the reference), then the pieces copied out of its result; c2 stays
+    # a view of it, as in the unfused graph.
     c = (gemm_ops._gemm_fp8 if kind == "fp8" else gemm_ops._gemm_mxfp4)(*gemm, out_dtype)
-    return list(ref.split_of(c, d, widths)) if y is None else ref.split_cat_of(c, d, *widths, y)
+    if y is None:
+        return list(ref.split_of(c, d, widths))
+    if use_triton(c, y):  # the cat in one kernel (torch.cat of these views is several times slower)
+        out = _kernels().cat_pieces(c, d, *widths, y)
+    else:
+        out = ref.split_cat_of(c, d, *widths, y)[0]
+    return out, ref.split_cat_c2(c, d, *widths)
 
 
 def _quantized_fake(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
@@ -222,9 +232,8 @@ def _quantized_fake(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
         ref.check_sizes(n, d, widths)
         return [q.new_empty((q.shape[0], d, size), dtype=out_dtype) for size in widths]
     ref.check_cat_args(q.shape[0], n, out_dtype, q.device, d, *widths, y, "q")
-    return y.new_empty((q.shape[0], d, widths[0] + y.shape[2])), y.new_empty(
-        (q.shape[0], d, widths[1])
-    )
+    c = y.new_empty((q.shape[0], n))
+    return y.new_empty((q.shape[0], d, widths[0] + y.shape[2])), ref.split_cat_c2(c, d, *widths)
 
 
 def _quantized_ops(kind: str):

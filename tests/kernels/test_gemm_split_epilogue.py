@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from fxfuse.kernels import gemm_fp8, gemm_mxfp4, gemm_ref
-from fxfuse.kernels.gemm_split_cat_ref import split_cat_of, split_of
+from fxfuse.kernels.gemm_split_cat import cat_pieces
+from fxfuse.kernels.gemm_split_cat_ref import split_cat_c2, split_cat_of, split_of
 from fxfuse.kernels.rms_norm_quant_ref import quant_fp8_ref, quant_mxfp4_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -43,8 +44,9 @@ def _check(plain, d, widths, y, got_cat, got_split):
     if got_cat is not None:
         want_out, want_c2 = split_cat_of(plain, d, widths[0], widths[1], y)
         out, c2 = got_cat
-        assert out.is_contiguous() and c2.is_contiguous()
-        assert torch.equal(out, want_out) and torch.equal(c2, want_c2)
+        assert out.is_contiguous() and torch.equal(out, want_out) and torch.equal(c2, want_c2)
+        # c2 laid out as the unfused graph's: the tail of each head of an (M, d, s1 + s2) buffer
+        assert c2.stride() == split_cat_c2(plain, d, *widths).stride()
     want = split_of(plain, d, widths)
     assert len(got_split) == len(want)
     assert all(p.is_contiguous() and torch.equal(p, w) for p, w in zip(got_split, want))
@@ -118,6 +120,17 @@ def test_mxfp4_split_epilogue_equals_the_plain_kernel(
     _check(plain, d, list(widths), y, got_cat, pieces)
 
 
+@pytest.mark.parametrize("m, d, s1, s2, s3, y_kind", [(5, 4, 32, 32, 16, "expand"),
+                                                     (7, 3, 24, 40, 300, "permuted"),
+                                                     (1, 16, 128, 128, 64, "expand")])  # fmt: skip
+def test_cat_pieces_equals_torch_cat(m, d, s1, s2, s3, y_kind):
+    """The one-kernel cat the ops run after a vendor GEMM."""
+    c = torch.randn(m, d * (s1 + s2), device=DEVICE).to(BF16)
+    y = _y(m, d, s3, y_kind, BF16)
+    out = cat_pieces(c, d, s1, s2, y)
+    assert out.is_contiguous() and torch.equal(out, split_cat_of(c, d, s1, s2, y)[0])
+
+
 def test_zero_rows():
     q, x_scale, w, w_scale = _fp8_operands(0, 2 * 64, 128, False)
     out, c2 = gemm_fp8.gemm_fp8_split_cat(
@@ -177,3 +190,30 @@ def test_deepseek_kv_b_on_gpu(m, kind):
         got = gemm_fp8.gemm_fp8_split_cat(q, x_scale, w, w_scale, d, *widths, y)
         pieces = gemm_fp8.gemm_fp8_split(q, x_scale, w, w_scale, d, widths, BF16)
     _check(plain, d, widths, y, got, pieces)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("m", [1, 300, 4100])
+@pytest.mark.parametrize("kind", ["rowwise", "blockscale", "mxfp4"])
+def test_ops_on_gpu_match_the_unfused_spelling(m, kind):
+    """The ops as a rewritten graph calls them: the Triton epilogue, or (where the A8W8 table
+    picks `_scaled_mm`) the vendor GEMM then cat_pieces; both against the unfused spelling over
+    the same GEMM op."""
+    torch.manual_seed(m)
+    d, s1, s2, k = 16, 128, 128, 512
+    y = _y(m, d, 64, "expand", BF16)
+    if kind == "mxfp4":
+        q, x_scale = quant_mxfp4_ref(torch.randn(m, k, device=DEVICE), "even")
+        w, w_scale = quant_mxfp4_ref(torch.randn(d * 256, k, device=DEVICE), "even")
+        ops = (torch.ops.fxfuse.gemm_mxfp4_split_cat, torch.ops.fxfuse.gemm_mxfp4)
+    else:
+        q, x_scale, w, w_scale = _fp8_operands(m, d * 256, k, kind == "blockscale")
+        ops = (torch.ops.fxfuse.gemm_fp8_split_cat, torch.ops.fxfuse.gemm_fp8)
+    out, c2 = ops[0](q, x_scale, w, w_scale, BF16, d, s1, s2, y)
+    c = ops[1](q, x_scale, w, w_scale, BF16)
+    want_out, want_c2 = split_cat_of(c, d, s1, s2, y)
+    assert torch.equal(out[..., s1:], want_out[..., s1:])
+    for got, want in ((out[..., :s1], want_out[..., :s1]), (c2, want_c2)):
+        rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
+        assert rel <= 1e-2  # equal where both run the same GEMM; Triton vs vendor otherwise
+    assert c2.stride() == split_cat_c2(c, d, s1, s2).stride()
