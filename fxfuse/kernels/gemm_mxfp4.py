@@ -463,8 +463,10 @@ DOT_SCALED_TARGETS = ("gfx950",)
 # that the pack does not divide.
 PTX_PACK = {False: 2, True: 4}
 # The 4-byte decode with its tables as operands (E2M1_BF16_PTX4_TABLES_TEXT) instead of written
-# in. Off: compiled for sm90 and checked in the PTX model only; no GPU ran it yet (no device
-# machine came, 2026-12-06). `benchmarks/experiments/decode_rows.py --tables` checks and times it.
+# in. Off: on the H100 (2026-12-06, results/decode_tables.json, `decode_rows.py --tables`) it
+# was slower in 10 of 15 A16WFP4 cases at M 1 / 16 / 32 (up to 1.29x: 24576x1536 M 16, 34.2 vs
+# 26.5 us) and at most 6 % faster (7168x2048 M 16 / 32), though its sm90 K-loop is 16 % shorter.
+# The GPU tests pass with it on (test_gemm_mxfp4_kernel.py, decode_and_swap).
 PTX_TABLE_OPERANDS = False
 _TABLES: dict = {}
 
