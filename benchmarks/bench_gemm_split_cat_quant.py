@@ -111,9 +111,7 @@ def inductor_chain():
     """The model's FP8 rowwise spelling, compiled: _scaled_mm → view → split → cat."""
 
     def chain(q, x_scale, w, w_scale, d: int, s1: int, s2: int, y):
-        c = torch._scaled_mm(
-            q, w.t(), scale_a=x_scale, scale_b=w_scale.view(1, -1), out_dtype=BF16
-        )
+        c = torch._scaled_mm(q, w.t(), scale_a=x_scale, scale_b=w_scale.view(1, -1), out_dtype=BF16)
         c1, c2 = torch.split(c.view(q.shape[0], d, s1 + s2), [s1, s2], dim=-1)
         return torch.cat([c1, y], dim=-1), c2
 
@@ -149,6 +147,31 @@ def check(kind: str, i: dict, fns: dict) -> float:
     return max(errors)
 
 
+# The FP8 rowwise head-tile kernel (kernels/gemm_split_cat.fp8_head_tiles), a few configs.
+HEAD_TILE_CONFIGS = {
+    "m128k128s3": {"BLOCK_M": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
+    "m128k128s4": {"BLOCK_M": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 4},
+    "m128k256s2": {"BLOCK_M": 128, "BLOCK_K": 256, "num_warps": 8, "num_stages": 2},
+    "m64k128s4": {"BLOCK_M": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4},
+    "m64k256s3": {"BLOCK_M": 64, "BLOCK_K": 256, "num_warps": 8, "num_stages": 3},
+}
+
+
+def _head_tiles(i: dict, cfg: dict, kind: str):
+    """fp8_head_tiles with cfg, checked against float64 on first use (None: does not apply)."""
+    from fxfuse.kernels import gemm_split_cat as kernels
+
+    got = kernels.fp8_head_tiles(*i["gemm"], i["d"], i["s1"], i["s2"], i["y"], config=cfg)
+    if got is not None and not i.setdefault("_checked", set()) >= {id(cfg)}:
+        c, s1 = reference(kind, i), i["s1"]
+        errors = [((got[0][..., :s1].double() - c[..., :s1]).norm() / c[..., :s1].norm()).item(),
+                  ((got[1].double() - c[..., s1:]).norm() / c[..., s1:].norm()).item()]  # fmt: skip
+        if max(errors) > 1e-2 or not torch.equal(got[0][..., s1:], i["y"]):
+            raise AssertionError(f"fp8 head tiles wrong with {cfg}: {errors}")
+        i["_checked"].add(id(cfg))
+    return got
+
+
 def backend(kind: str, i: dict) -> str:
     if kind == "mxfp4":
         return "triton"
@@ -172,6 +195,12 @@ def bench_case(kind: str, name: str, m: int, shape: dict, device, compiled) -> d
 
         timed["inductor"] = rotating(sets, inductor)
         timed["inductor"]()  # compile outside the timing
+    if kind == "fp8_rowwise" and m >= 128:
+        for label, cfg in HEAD_TILE_CONFIGS.items():
+            if _head_tiles(sets[0], cfg, kind) is not None:
+                timed[f"head_tiles_{label}"] = rotating(
+                    sets, lambda i, c=cfg: _head_tiles(i, c, kind)
+                )
     us = {key: time_us(fn) for key, fn in timed.items()}
     us["fxfuse_again"] = time_us(timed["fxfuse"])  # the same thing twice: the noise floor
     row = {
@@ -189,7 +218,8 @@ def bench_case(kind: str, name: str, m: int, shape: dict, device, compiled) -> d
         f"{row['case']:<18} {m:>6} {row['fxfuse_us']:9.2f} {p['fxfuse_again']:9.2f} "
         f"{p['epilogue']:9.2f} {p['unfused']:9.2f} {p['gemm']:9.2f} {ind} "
         f"{p['unfused'] / row['fxfuse_us']:6.2f} {row['fxfuse_us'] / p['gemm']:6.2f}  "
-        f"{row['backend_chosen']}",
+        f"{row['backend_chosen']}  "
+        + " ".join(f"{k[11:]} {v:.2f}" for k, v in p.items() if k.startswith("head_tiles_")),
         flush=True,
     )
     return row

@@ -370,10 +370,12 @@ def _split_k_reduce_kernel(
 
 @triton.jit
 def _head_tile(
-    tile_id, x_desc, w_desc, out_desc, c2_desc, y_ptr, out_ptr,
-    M, S, LD0, S3, stride_ym, stride_yd, stride_ys, num_pid_m, num_pid_n,
+    tile_id, x_desc, w_desc, out_desc, c2_desc, y_ptr, out_ptr, xs_ptr, ws_ptr,
+    M, S, LD0, LD1, S3, stride_ym, stride_yd, stride_ys, stride_xs, stride_ws,
+    num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     K_ITERS: tl.constexpr, BLOCK_S3: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    FP8_ROWWISE: tl.constexpr, EXACT_BF16: tl.constexpr,
 ):
     pid_m, d = _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)  # a column block is a head
     m0 = pid_m * BLOCK_M
@@ -381,18 +383,25 @@ def _head_tile(
     for i in range(K_ITERS):  # TMA fills the K tail and rows past M with zeros
         a = x_desc.load([m0, i * BLOCK_K])
         b = w_desc.load([d * BLOCK_N, i * BLOCK_K])
+        if FP8_ROWWISE:  # e4m3fn bytes (the descriptors are over uint8 views)
+            a = a.to(tl.float8e4nv, bitcast=True)
+            b = b.to(tl.float8e4nv, bitcast=True)
         if DOT_IN_FP32:  # the interpreter's bf16 dot: see _gemm_split_cat_kernel
             acc = tl.dot(a.to(tl.float32), b.T.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b.T, acc)
-    if DOT_IN_FP32:
+    rows = (m0 + tl.arange(0, BLOCK_M)).to(tl.int64)
+    if FP8_ROWWISE:  # out = (q · x_scale) @ (w · w_scale)ᵀ, the A8W8 kernel's epilogue order
+        x_s = tl.load(xs_ptr + rows * stride_xs, mask=rows < M, other=0.0)
+        w_s = tl.load(ws_ptr + (d * BLOCK_N + tl.arange(0, BLOCK_N)) * stride_ws)
+        acc = acc * x_s[:, None] * w_s[None, :]
+    if EXACT_BF16:
         vals = _round_to(acc, tl.bfloat16, True).to(tl.bfloat16)
     else:
         vals = acc.to(y_ptr.dtype.element_ty)
     left, right = tl.split(tl.permute(tl.reshape(vals, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
     out_desc.store([m0, d * LD0], left)  # rows past M are clipped by TMA
-    c2_desc.store([m0, d * S], right)
-    rows = (m0 + tl.arange(0, BLOCK_M)).to(tl.int64)
+    c2_desc.store([m0, d * LD1 + (LD1 - S)], right)  # c2: the last S columns of LD1
     cols = tl.arange(0, BLOCK_S3)
     mask = (rows < M)[:, None] & (cols < S3)[None, :]
     y_ptrs = y_ptr + (rows * stride_ym + d * stride_yd)[:, None] + cols[None, :] * stride_ys
@@ -402,29 +411,35 @@ def _head_tile(
 
 @triton.jit
 def _head_tile_kernel(
-    # TMA descriptors: x (M, K), w (N, K), out as (M, D·LD0), c2 as (M, D·S); y and out pointers
-    x_desc, w_desc, out_desc, c2_desc, y_ptr, out_ptr,
-    # sizes: S = s1 = s2, LD0 = s1 + S3 (out's row width)
-    M, S, LD0, S3,
-    stride_ym, stride_yd, stride_ys,
+    # TMA descriptors: x (M, K), w (N, K), out as (M, D·LD0), c2's buffer as (M, D·LD1); y and
+    # out pointers; FP8_ROWWISE: x_scale (M,) and w_scale (N,)
+    x_desc, w_desc, out_desc, c2_desc, y_ptr, out_ptr, xs_ptr, ws_ptr,
+    # sizes: S = s1 = s2, LD0 = s1 + S3 (out's row width), LD1: c2's (S, or 2·S: see destinations)
+    M, S, LD0, LD1, S3,
+    stride_ym, stride_yd, stride_ys, stride_xs, stride_ws,
     # meta-parameters; BLOCK_N = 2·S. NUM_PROGRAMS: the persistent grid (0: one tile per program)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     K_ITERS: tl.constexpr, NUM_D: tl.constexpr, BLOCK_S3: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, DOT_IN_FP32: tl.constexpr, FP8_ROWWISE: tl.constexpr,
+    EXACT_BF16: tl.constexpr,
 ):
     num_pid_m = _cdiv(M, BLOCK_M)
     if NUM_PROGRAMS == 0:
         _head_tile(
-            tl.program_id(0), x_desc, w_desc, out_desc, c2_desc, y_ptr, out_ptr,
-            M, S, LD0, S3, stride_ym, stride_yd, stride_ys, num_pid_m, NUM_D,
-            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, K_ITERS, BLOCK_S3, DOT_IN_FP32,
+            tl.program_id(0), x_desc, w_desc, out_desc, c2_desc, y_ptr, out_ptr, xs_ptr, ws_ptr,
+            M, S, LD0, LD1, S3, stride_ym, stride_yd, stride_ys, stride_xs, stride_ws,
+            num_pid_m, NUM_D,
+            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, K_ITERS, BLOCK_S3, DOT_IN_FP32, FP8_ROWWISE,
+            EXACT_BF16,
         )
     else:
         for tile_id in tl.range(tl.program_id(0), num_pid_m * NUM_D, NUM_PROGRAMS, flatten=True):
             _head_tile(
-                tile_id, x_desc, w_desc, out_desc, c2_desc, y_ptr, out_ptr,
-                M, S, LD0, S3, stride_ym, stride_yd, stride_ys, num_pid_m, NUM_D,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, K_ITERS, BLOCK_S3, DOT_IN_FP32,
+                tile_id, x_desc, w_desc, out_desc, c2_desc, y_ptr, out_ptr, xs_ptr, ws_ptr,
+                M, S, LD0, LD1, S3, stride_ym, stride_yd, stride_ys, stride_xs, stride_ws,
+                num_pid_m, NUM_D,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, K_ITERS, BLOCK_S3, DOT_IN_FP32, FP8_ROWWISE,
+                EXACT_BF16,
             )
 
 
@@ -670,16 +685,23 @@ def takes_head_tiles(
     return cfg["SPLIT_K"] == 1 and _head_tiles_apply(x, w, d, list(widths), y, cfg)
 
 
-def _launch_head_tiles(x, w, d, out, c2, y, cfg, k_iters) -> None:
+def _launch_head_tiles(x, w, d, out, c2, y, cfg, k_iters, scales=None) -> None:
+    """The head-tile kernel. scales = (x_scale, w_scale): x and w are e4m3fn with rowwise scales
+    (`fp8_head_tiles`); c2 is (M, d, S) with row width LD1 = c2.stride(1) (S, or 2·S as the
+    quantized split-cat ops lay it out)."""
     m, k = x.shape
     s = c2.shape[-1]
     s3 = y.shape[-1]
+    ld1 = c2.stride(1)
     block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    if scales is not None:
+        x, w = x.view(torch.uint8), w.view(torch.uint8)
     x_desc = TensorDescriptor(x, [m, k], [x.stride(0), 1], [block_m, block_k])
     w_desc = TensorDescriptor(w, [w.shape[0], k], [w.stride(0), 1], [block_n, block_k])
     out2 = out.view(m, d * (s + s3))
     out_desc = TensorDescriptor(out2, [m, d * (s + s3)], [d * (s + s3), 1], [block_m, s])
-    c2_desc = TensorDescriptor(c2.view(m, d * s), [m, d * s], [d * s, 1], [block_m, s])
+    c2_base = c2.as_strided((m, d * ld1), (d * ld1, 1), c2.storage_offset() - (ld1 - s))
+    c2_desc = TensorDescriptor(c2_base, [m, d * ld1], [d * ld1, 1], [block_m, s])
     tiles = triton.cdiv(m, block_m) * d
     if interpreting():
         programs = INTERPRETER_PROGRAMS
@@ -688,15 +710,51 @@ def _launch_head_tiles(x, w, d, out, c2, y, cfg, k_iters) -> None:
         index = x.device.index if x.device.index is not None else torch.cuda.current_device()
         programs = _sm_count(index)
         grid = min(programs, tiles)
+    xs, ws = scales if scales is not None else (out, out)
+    exact = interpreting() and out.dtype == torch.bfloat16
     launch(_head_tile_kernel, (grid,),
-        x_desc, w_desc, out_desc, c2_desc, y, out,
-        m, s, s + s3, s3,
-        *y.stride(),
+        x_desc, w_desc, out_desc, c2_desc, y, out, xs, ws,
+        m, s, s + s3, ld1, s3,
+        *y.stride(), *(_row_stride(t) for t in (xs, ws)),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=cfg["GROUP_M"],
         K_ITERS=k_iters, NUM_D=d, BLOCK_S3=triton.next_power_of_2(s3),
-        NUM_PROGRAMS=programs, DOT_IN_FP32=interpreting() and x.dtype == torch.bfloat16,
+        NUM_PROGRAMS=programs, DOT_IN_FP32=exact and scales is None,
+        FP8_ROWWISE=scales is not None, EXACT_BF16=exact,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
+
+
+def _row_stride(t: torch.Tensor) -> int:
+    """Stride between a scale vector's entries: (R,), (R, 1) or (1, R); 0 for one scale."""
+    if t.numel() == 1:
+        return 0
+    return t.stride(0) if t.dim() == 1 or t.shape[0] > 1 else t.stride(1)
+
+
+# FP8 rowwise head tiles (`fp8_head_tiles`): one config, not a table yet.
+FP8_HEAD_TILE_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8,
+                        "num_warps": 8, "num_stages": 3}  # fmt: skip
+
+
+def fp8_head_tiles(q, x_scale, w, w_scale, d, s1, s2, y, config=None):
+    """The split-cat of an A8W8 rowwise / tensorwise GEMM by the head-tile kernel, or None where
+    it does not apply (see `_head_tiles_apply`; e4m3fn, bf16 out, scales (M,)/(M, 1)/one and
+    (N,)/(N, 1)/(1, N)/one). Returns (out, c2) laid out as `destinations` lays them out."""
+    cfg = {**FP8_HEAD_TILE_CONFIG, **(config or {}), "PERSISTENT": 1}
+    cfg["BLOCK_N"] = s1 + s2
+    m, k = q.shape
+    if (
+        q.dtype != torch.float8_e4m3fn or w.dtype != q.dtype or y.dtype != torch.bfloat16
+        or x_scale.numel() not in (1, m) or w_scale.numel() not in (1, w.shape[0])
+        or x_scale.dtype != torch.float32 or w_scale.dtype != torch.float32
+        or not _head_tiles_apply(q, w, d, [s1, s2], y, cfg)
+    ):  # fmt: skip
+        return None
+    (out, c2), _ = destinations(q, w.shape[0], d, [s1, s2], y, y.dtype)
+    if m:
+        k_iters = triton.cdiv(k, cfg["BLOCK_K"])
+        _launch_head_tiles(q, w, d, out, c2, y, cfg, k_iters, (x_scale, w_scale))
+    return out, c2
 
 
 def _check_gemm_inputs(x: torch.Tensor, w: torch.Tensor, d: int) -> None:

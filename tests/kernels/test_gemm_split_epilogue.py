@@ -217,3 +217,52 @@ def test_ops_on_gpu_match_the_unfused_spelling(m, kind):
         rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
         assert rel <= 1e-2  # equal where both run the same GEMM; Triton vs vendor otherwise
     assert c2.stride() == split_cat_c2(c, d, s1, s2).stride()
+
+
+# (m, d, s, s3, scales, config): the FP8 rowwise head-tile kernel (s1 = s2 = s, a tile a head)
+HEAD_TILE_CASES = [
+    (5, 2, 32, 16, "rowwise", {"BLOCK_M": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}),
+    (70, 3, 32, 16, "tensorwise", {"BLOCK_M": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}),
+    (33, 2, 64, 32, "rowwise", {"BLOCK_M": 16, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2}),
+]
+
+
+@pytest.mark.parametrize("m, d, s, s3, scales, config", HEAD_TILE_CASES)
+def test_fp8_head_tiles_equal_the_plain_kernel(m, d, s, s3, scales, config):
+    from fxfuse.kernels.gemm_split_cat import fp8_head_tiles
+
+    q, x_scale, w, w_scale = _fp8_operands(m, d * 2 * s, 128, False)
+    if scales == "tensorwise":
+        x_scale = torch.tensor(0.01, device=DEVICE)
+        w_scale = torch.tensor([0.02], device=DEVICE)
+    y = _y(m, d, s3, "expand", BF16)
+    got = fp8_head_tiles(q, x_scale, w, w_scale, d, s, s, y, config=config)
+    assert got is not None
+    pieces = [got[0][..., :s].contiguous(), got[1].contiguous()]
+    _check(gemm_fp8.gemm_fp8(q, x_scale, w, w_scale, BF16), d, [s, s], y, got, pieces)
+
+
+def test_fp8_head_tiles_decline_what_tma_cannot_take():
+    from fxfuse.kernels.gemm_split_cat import fp8_head_tiles
+
+    q, x_scale, w, w_scale = _fp8_operands(4, 3 * 64, 128, False)
+    y = _y(4, 3, 8, "expand", BF16)  # out rows of 3 · (32 + 8) bf16: not 16-byte multiples
+    assert fp8_head_tiles(q, x_scale, w, w_scale, 3, 32, 32, y) is None
+    y = _y(4, 3, 16, "expand", torch.float16)
+    assert fp8_head_tiles(q, x_scale, w, w_scale, 3, 32, 32, y) is None  # bf16 out only
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("m", [128, 300, 4100])
+def test_fp8_head_tiles_on_gpu(m):
+    from fxfuse.kernels.gemm_split_cat import fp8_head_tiles
+
+    torch.manual_seed(m)
+    d, s, k = 16, 128, 512
+    q, x_scale, w, w_scale = _fp8_operands(m, d * 2 * s, k, False)
+    y = _y(m, d, 64, "expand", BF16)
+    out, c2 = fp8_head_tiles(q, x_scale, w, w_scale, d, s, s, y)
+    want_out, want_c2 = split_cat_of(gemm_fp8.gemm_fp8(q, x_scale, w, w_scale, BF16), d, s, s, y)
+    assert torch.equal(out[..., s:], want_out[..., s:])
+    for got, want in ((out[..., :s], want_out[..., :s]), (c2, want_c2)):
+        assert ((got.double() - want.double()).norm() / want.double().norm()).item() <= 1e-2
