@@ -147,13 +147,14 @@ def check(kind: str, i: dict, fns: dict) -> float:
     return max(errors)
 
 
+HEAD_TILES_MIN_M = 4096
 # The FP8 rowwise head-tile kernel (kernels/gemm_split_cat.fp8_head_tiles), a few configs.
 HEAD_TILE_CONFIGS = {
     "m128k128s3": {"BLOCK_M": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
     "m128k128s4": {"BLOCK_M": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 4},
     "m128k256s2": {"BLOCK_M": 128, "BLOCK_K": 256, "num_warps": 8, "num_stages": 2},
     "m64k128s4": {"BLOCK_M": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4},
-    "m64k256s3": {"BLOCK_M": 64, "BLOCK_K": 256, "num_warps": 8, "num_stages": 3},
+    "m64k256s2": {"BLOCK_M": 64, "BLOCK_K": 256, "num_warps": 8, "num_stages": 2},
 }
 
 
@@ -179,6 +180,10 @@ def backend(kind: str, i: dict) -> str:
     return "vendor+copy" if vendor else "triton"
 
 
+def time_us_eager(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3
+
+
 def time_us(fn) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
 
@@ -195,13 +200,21 @@ def bench_case(kind: str, name: str, m: int, shape: dict, device, compiled) -> d
 
         timed["inductor"] = rotating(sets, inductor)
         timed["inductor"]()  # compile outside the timing
-    if kind == "fp8_rowwise" and m >= 128:
+    if kind == "fp8_rowwise" and m >= HEAD_TILES_MIN_M:
         for label, cfg in HEAD_TILE_CONFIGS.items():
-            if _head_tiles(sets[0], cfg, kind) is not None:
+            try:
+                applies = _head_tiles(sets[0], cfg, kind) is not None
+            except triton.runtime.errors.OutOfResources as err:
+                print(f"head tiles {label}: {err}", flush=True)
+                continue
+            if applies:
                 timed[f"head_tiles_{label}"] = rotating(
                     sets, lambda i, c=cfg: _head_tiles(i, c, kind)
                 )
-    us = {key: time_us(fn) for key, fn in timed.items()}
+    # Head tiles in a CUDA graph failed (capture invalidated, 2026-12-06, triton 3.6): do_bench,
+    # from M where one launch takes longer than the host's issue.
+    us = {key: (time_us(fn) if not key.startswith("head") else time_us_eager(fn))
+          for key, fn in timed.items()}  # fmt: skip
     us["fxfuse_again"] = time_us(timed["fxfuse"])  # the same thing twice: the noise floor
     row = {
         "case": f"{name}_{kind}",

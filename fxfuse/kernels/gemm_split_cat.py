@@ -731,9 +731,16 @@ def _row_stride(t: torch.Tensor) -> int:
     return t.stride(0) if t.dim() == 1 or t.shape[0] > 1 else t.stride(1)
 
 
-# FP8 rowwise head tiles (`fp8_head_tiles`): one config, not a table yet.
+# FP8 rowwise head tiles (`fp8_head_tiles`): the split-cat ops take them from this M on, per
+# target (TMA: NVIDIA sm90+). H100, DeepSeek kv_b (K 512, 16 heads of 128 | 128, rope 64),
+# benchmarks/results/gemm_split_cat_quant_head_tiles.json: M 8192 65.6 us, 16384 123.2, against
+# 78.0 / 149.2 for `_scaled_mm` + cat_pieces and 77.9 / 150.6 for Inductor's compile of the
+# unfused chain. At M 4096 the timing (do_bench: the kernel did not yet run in a CUDA graph
+# there) was the host's, so the vendor path keeps M < 8192.
+FP8_HEAD_TILES_MIN_M = {"sm90": 8192}
+# Of five configs timed there, the best at M 16384 (123.2 us; 124.9 with 3 stages).
 FP8_HEAD_TILE_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8,
-                        "num_warps": 8, "num_stages": 3}  # fmt: skip
+                        "num_warps": 8, "num_stages": 4}  # fmt: skip
 
 
 def fp8_head_tiles(q, x_scale, w, w_scale, d, s1, s2, y, config=None):

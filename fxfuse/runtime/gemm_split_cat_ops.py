@@ -213,6 +213,10 @@ def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
                 getattr(kernels, f"gemm_{kind}_split")(*gemm, d, widths, out_dtype, **layout)
             )
         return getattr(kernels, f"gemm_{kind}_split_cat")(*gemm, d, *widths, y, **layout)
+    if kind == "fp8" and y is not None and _fp8_head_tiles_take(q):
+        got = _kernels().fp8_head_tiles(*gemm, d, *widths, y)
+        if got is not None:
+            return got
     # The vendor GEMM (or the reference), then the pieces copied out of its result; c2 stays
     # a view of it, as in the unfused graph.
     c = (gemm_ops._gemm_fp8 if kind == "fp8" else gemm_ops._gemm_mxfp4)(*gemm, out_dtype)
@@ -223,6 +227,15 @@ def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
     else:
         out = ref.split_cat_of(c, d, *widths, y)[0]
     return out, ref.split_cat_c2(c, d, *widths)
+
+
+def _fp8_head_tiles_take(q: torch.Tensor) -> bool:
+    """Where the vendor GEMM would run: the FP8 head-tile kernel instead from its measured M on
+    (kernels/gemm_split_cat.FP8_HEAD_TILES_MIN_M); it declines shapes TMA cannot take."""
+    if q.device.type != "cuda" or gemm_backend_override() != "auto":
+        return False
+    min_m = _kernels().FP8_HEAD_TILES_MIN_M.get(detect_target(q.device))
+    return min_m is not None and q.shape[0] >= min_m
 
 
 def _quantized_fake(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):

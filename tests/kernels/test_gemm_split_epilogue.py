@@ -193,12 +193,12 @@ def test_deepseek_kv_b_on_gpu(m, kind):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("m", [1, 300, 4100])
+@pytest.mark.parametrize("m", [1, 300, 4100, 8200])
 @pytest.mark.parametrize("kind", ["rowwise", "blockscale", "mxfp4"])
 def test_ops_on_gpu_match_the_unfused_spelling(m, kind):
     """The ops as a rewritten graph calls them: the Triton epilogue, or (where the A8W8 table
-    picks `_scaled_mm`) the vendor GEMM then cat_pieces; both against the unfused spelling over
-    the same GEMM op."""
+    picks `_scaled_mm`) the vendor GEMM then cat_pieces, or (rowwise, M 8200 on sm90) the FP8
+    head tiles; each against the unfused spelling over the same GEMM op."""
     torch.manual_seed(m)
     d, s1, s2, k = 16, 128, 128, 512
     y = _y(m, d, 64, "expand", BF16)
