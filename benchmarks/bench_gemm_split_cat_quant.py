@@ -211,8 +211,8 @@ def bench_case(kind: str, name: str, m: int, shape: dict, device, compiled) -> d
                 timed[f"head_tiles_{label}"] = rotating(
                     sets, lambda i, c=cfg: _head_tiles(i, c, kind)
                 )
-    # Head tiles in a CUDA graph failed (capture invalidated, 2026-12-06, triton 3.6): do_bench,
-    # from M where one launch takes longer than the host's issue.
+    # The head-tile configs by do_bench (the op's own column is a CUDA graph): a capture failed
+    # once with an unfitting config among them (2026-12-06, triton 3.6; one call alone captured).
     us = {key: (time_us(fn) if not key.startswith("head") else time_us_eager(fn))
           for key, fn in timed.items()}  # fmt: skip
     us["fxfuse_again"] = time_us(timed["fxfuse"])  # the same thing twice: the noise floor
