@@ -177,7 +177,13 @@ def backend(kind: str, i: dict) -> str:
     if kind == "mxfp4":
         return "triton"
     vendor = gemm_ops._vendor_kind(*i["gemm"], BF16)
-    return "vendor+copy" if vendor else "triton"
+    if not vendor:
+        return "triton"
+    from fxfuse.runtime import gemm_split_cat_ops
+
+    if gemm_split_cat_ops._fp8_head_tiles_take(i["gemm"][0]) and kind == "fp8_rowwise":
+        return "fp8-head-tiles"
+    return "vendor+copy"
 
 
 def time_us_eager(fn) -> float:
