@@ -148,6 +148,7 @@ def check(kind: str, i: dict, fns: dict) -> float:
 
 
 HEAD_TILES_MIN_M = 4096
+HEAD_CONFIGS = False  # --head-configs: time each of HEAD_TILE_CONFIGS (do_bench)
 # The FP8 rowwise head-tile kernel (kernels/gemm_split_cat.fp8_head_tiles), a few configs.
 HEAD_TILE_CONFIGS = {
     "m128k128s3": {"BLOCK_M": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
@@ -181,7 +182,7 @@ def backend(kind: str, i: dict) -> str:
         return "triton"
     from fxfuse.runtime import gemm_split_cat_ops
 
-    if gemm_split_cat_ops._fp8_head_tiles_take(i["gemm"][0]) and kind == "fp8_rowwise":
+    if gemm_split_cat_ops._fp8_head_tiles_take(i["gemm"][0]):
         return "fp8-head-tiles"
     return "vendor+copy"
 
@@ -206,7 +207,7 @@ def bench_case(kind: str, name: str, m: int, shape: dict, device, compiled) -> d
 
         timed["inductor"] = rotating(sets, inductor)
         timed["inductor"]()  # compile outside the timing
-    if kind == "fp8_rowwise" and m >= HEAD_TILES_MIN_M:
+    if HEAD_CONFIGS and kind.startswith("fp8") and m >= HEAD_TILES_MIN_M:
         for label, cfg in HEAD_TILE_CONFIGS.items():
             try:
                 applies = _head_tiles(sets[0], cfg, kind) is not None
@@ -257,7 +258,24 @@ def main() -> None:
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes in the interpreter")
     parser.add_argument("--m", default=None, help="kv_b M values, comma-separated")
     parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument(
+        "--head-configs",
+        action="store_true",
+        help="also time each FP8 head-tile config by do_bench (M >= 4096)",
+    )
+    parser.add_argument(
+        "--head-tiles-from",
+        type=int,
+        default=None,
+        help="the ops take the FP8 head tiles from this M (sm90) for this run",
+    )
     args = parser.parse_args()
+    global HEAD_CONFIGS
+    HEAD_CONFIGS = args.head_configs
+    if args.head_tiles_from is not None:
+        from fxfuse.kernels import gemm_split_cat as kernels
+
+        kernels.FP8_HEAD_TILES_MIN_M["sm90"] = args.head_tiles_from
     if args.cpu_smoke:
         cpu_smoke()
         return

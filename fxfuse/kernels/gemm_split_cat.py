@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fxfuse.kernels import gemm_ref
 from fxfuse.kernels import gemm_split_cat_ref as ref
 from fxfuse.kernels._plans import launch, planned
 from fxfuse.kernels.rms_norm_quant import _round_to
@@ -57,6 +58,11 @@ MAX_BLOCK_S3 = 1024
 # The head-tile grid in the interpreter: 0 runs one tile per program; a test sets a few programs
 # to run the persistent tile loop (the GPU's grid is the SM count).
 INTERPRETER_PROGRAMS = 0
+
+# The head-tile kernel's FP8_SCALES: bf16 / fp16 operands, or e4m3fn with these scales.
+FP8_NONE = tl.constexpr(0)
+FP8_ROWWISE = tl.constexpr(1)  # x_scale (M,) or one, w_scale (N,) or one
+FP8_BLOCK = tl.constexpr(2)  # x_scale (M, K/128), w_scale (N/128, K/128)
 
 # Kernel arguments are grouped on lines by role (pointers, sizes, strides, meta-parameters).
 # fmt: off
@@ -371,29 +377,35 @@ def _split_k_reduce_kernel(
 @triton.jit
 def _head_tile(
     tile_id, x_desc, w_desc, out_desc, c2_desc, y_ptr, out_ptr, xs_ptr, ws_ptr,
-    M, S, LD0, LD1, S3, stride_ym, stride_yd, stride_ys, stride_xs, stride_ws,
-    num_pid_m, num_pid_n,
+    M, S, LD0, LD1, S3, stride_ym, stride_yd, stride_ys,
+    stride_xs, stride_xsk, stride_ws, stride_wsk, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     K_ITERS: tl.constexpr, BLOCK_S3: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-    FP8_ROWWISE: tl.constexpr, EXACT_BF16: tl.constexpr,
+    FP8_SCALES: tl.constexpr, EXACT_BF16: tl.constexpr,
 ):
     pid_m, d = _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)  # a column block is a head
     m0 = pid_m * BLOCK_M
+    rows = (m0 + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = d * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for i in range(K_ITERS):  # TMA fills the K tail and rows past M with zeros
         a = x_desc.load([m0, i * BLOCK_K])
         b = w_desc.load([d * BLOCK_N, i * BLOCK_K])
-        if FP8_ROWWISE:  # e4m3fn bytes (the descriptors are over uint8 views)
+        if FP8_SCALES != FP8_NONE:  # e4m3fn bytes (the descriptors are over uint8 views)
             a = a.to(tl.float8e4nv, bitcast=True)
             b = b.to(tl.float8e4nv, bitcast=True)
-        if DOT_IN_FP32:  # the interpreter's bf16 dot: see _gemm_split_cat_kernel
+        if FP8_SCALES == FP8_BLOCK:
+            # BLOCK_K = 128: one scale group a K-tile, as the A8W8 blockscale kernel sums them.
+            x_s = tl.load(xs_ptr + rows * stride_xs + i * stride_xsk, mask=rows < M, other=0.0)
+            w_s = tl.load(ws_ptr + (cols // 128) * stride_ws + i * stride_wsk)
+            acc += tl.dot(a, b.T) * (x_s[:, None] * w_s[None, :])
+        elif DOT_IN_FP32:  # the interpreter's bf16 dot: see _gemm_split_cat_kernel
             acc = tl.dot(a.to(tl.float32), b.T.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b.T, acc)
-    rows = (m0 + tl.arange(0, BLOCK_M)).to(tl.int64)
-    if FP8_ROWWISE:  # out = (q · x_scale) @ (w · w_scale)ᵀ, the A8W8 kernel's epilogue order
+    if FP8_SCALES == FP8_ROWWISE:  # (q · x_scale) @ (w · w_scale)ᵀ: the A8W8 kernel's order
         x_s = tl.load(xs_ptr + rows * stride_xs, mask=rows < M, other=0.0)
-        w_s = tl.load(ws_ptr + (d * BLOCK_N + tl.arange(0, BLOCK_N)) * stride_ws)
+        w_s = tl.load(ws_ptr + cols * stride_ws)
         acc = acc * x_s[:, None] * w_s[None, :]
     if EXACT_BF16:
         vals = _round_to(acc, tl.bfloat16, True).to(tl.bfloat16)
@@ -412,33 +424,34 @@ def _head_tile(
 @triton.jit
 def _head_tile_kernel(
     # TMA descriptors: x (M, K), w (N, K), out as (M, D·LD0), c2's buffer as (M, D·LD1); y and
-    # out pointers; FP8_ROWWISE: x_scale (M,) and w_scale (N,)
+    # out pointers; with FP8_SCALES, x_scale and w_scale (rowwise: (M,), (N,); blockscale:
+    # (M, K/128), (N/128, K/128))
     x_desc, w_desc, out_desc, c2_desc, y_ptr, out_ptr, xs_ptr, ws_ptr,
     # sizes: S = s1 = s2, LD0 = s1 + S3 (out's row width), LD1: c2's (S, or 2·S: see destinations)
     M, S, LD0, LD1, S3,
-    stride_ym, stride_yd, stride_ys, stride_xs, stride_ws,
+    stride_ym, stride_yd, stride_ys, stride_xs, stride_xsk, stride_ws, stride_wsk,
     # meta-parameters; BLOCK_N = 2·S. NUM_PROGRAMS: the persistent grid (0: one tile per program)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     K_ITERS: tl.constexpr, NUM_D: tl.constexpr, BLOCK_S3: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr, DOT_IN_FP32: tl.constexpr, FP8_ROWWISE: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, DOT_IN_FP32: tl.constexpr, FP8_SCALES: tl.constexpr,
     EXACT_BF16: tl.constexpr,
 ):
     num_pid_m = _cdiv(M, BLOCK_M)
     if NUM_PROGRAMS == 0:
         _head_tile(
             tl.program_id(0), x_desc, w_desc, out_desc, c2_desc, y_ptr, out_ptr, xs_ptr, ws_ptr,
-            M, S, LD0, LD1, S3, stride_ym, stride_yd, stride_ys, stride_xs, stride_ws,
-            num_pid_m, NUM_D,
-            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, K_ITERS, BLOCK_S3, DOT_IN_FP32, FP8_ROWWISE,
+            M, S, LD0, LD1, S3, stride_ym, stride_yd, stride_ys,
+            stride_xs, stride_xsk, stride_ws, stride_wsk, num_pid_m, NUM_D,
+            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, K_ITERS, BLOCK_S3, DOT_IN_FP32, FP8_SCALES,
             EXACT_BF16,
         )
     else:
         for tile_id in tl.range(tl.program_id(0), num_pid_m * NUM_D, NUM_PROGRAMS, flatten=True):
             _head_tile(
                 tile_id, x_desc, w_desc, out_desc, c2_desc, y_ptr, out_ptr, xs_ptr, ws_ptr,
-                M, S, LD0, LD1, S3, stride_ym, stride_yd, stride_ys, stride_xs, stride_ws,
-                num_pid_m, NUM_D,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, K_ITERS, BLOCK_S3, DOT_IN_FP32, FP8_ROWWISE,
+                M, S, LD0, LD1, S3, stride_ym, stride_yd, stride_ys,
+                stride_xs, stride_xsk, stride_ws, stride_wsk, num_pid_m, NUM_D,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, K_ITERS, BLOCK_S3, DOT_IN_FP32, FP8_SCALES,
                 EXACT_BF16,
             )
 
@@ -686,9 +699,9 @@ def takes_head_tiles(
 
 
 def _launch_head_tiles(x, w, d, out, c2, y, cfg, k_iters, scales=None) -> None:
-    """The head-tile kernel. scales = (x_scale, w_scale): x and w are e4m3fn with rowwise scales
-    (`fp8_head_tiles`); c2 is (M, d, S) with row width LD1 = c2.stride(1) (S, or 2·S as the
-    quantized split-cat ops lay it out)."""
+    """The head-tile kernel. scales = (kind, x_scale, w_scale): x and w are e4m3fn with those
+    scales (`fp8_head_tiles`). c2 is (M, d, S) with row width LD1 = c2.stride(1) (S, or 2·S as
+    the quantized split-cat ops lay it out)."""
     m, k = x.shape
     s = c2.shape[-1]
     s3 = y.shape[-1]
@@ -710,57 +723,57 @@ def _launch_head_tiles(x, w, d, out, c2, y, cfg, k_iters, scales=None) -> None:
         index = x.device.index if x.device.index is not None else torch.cuda.current_device()
         programs = _sm_count(index)
         grid = min(programs, tiles)
-    xs, ws = scales if scales is not None else (out, out)
+    kind, xs, ws = scales if scales is not None else (FP8_NONE, out, out)
     exact = interpreting() and out.dtype == torch.bfloat16
     launch(_head_tile_kernel, (grid,),
         x_desc, w_desc, out_desc, c2_desc, y, out, xs, ws,
         m, s, s + s3, ld1, s3,
-        *y.stride(), *(_row_stride(t) for t in (xs, ws)),
+        *y.stride(), *_scale_strides(xs), *_scale_strides(ws),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=cfg["GROUP_M"],
         K_ITERS=k_iters, NUM_D=d, BLOCK_S3=triton.next_power_of_2(s3),
-        NUM_PROGRAMS=programs, DOT_IN_FP32=exact and scales is None,
-        FP8_ROWWISE=scales is not None, EXACT_BF16=exact,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        NUM_PROGRAMS=programs, DOT_IN_FP32=exact and scales is None, FP8_SCALES=kind,
+        EXACT_BF16=exact, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
 
 
-def _row_stride(t: torch.Tensor) -> int:
-    """Stride between a scale vector's entries: (R,), (R, 1) or (1, R); 0 for one scale."""
+def _scale_strides(t: torch.Tensor) -> tuple[int, int]:
+    """(row, group) strides of a scale tensor: (R,), (R, 1), (R, G); 0 where it broadcasts."""
     if t.numel() == 1:
-        return 0
-    return t.stride(0) if t.dim() == 1 or t.shape[0] > 1 else t.stride(1)
+        return 0, 0
+    return t.stride(0), (t.stride(1) if t.dim() > 1 and t.shape[1] > 1 else 0)
 
 
-# FP8 rowwise head tiles (`fp8_head_tiles`): the split-cat ops take them from this M on, per
-# target (TMA: NVIDIA sm90+). H100, DeepSeek kv_b (K 512, 16 heads of 128 | 128, rope 64),
+# FP8 head tiles (`fp8_head_tiles`): the split-cat ops take them from this M on, per target
+# (TMA: NVIDIA sm90+). H100, DeepSeek kv_b (K 512, 16 heads of 128 | 128, rope 64), rowwise,
 # benchmarks/results/gemm_split_cat_quant_head_tiles.json: M 8192 65.6 us, 16384 123.2, against
 # 78.0 / 149.2 for `_scaled_mm` + cat_pieces and 77.9 / 150.6 for Inductor's compile of the
 # unfused chain. At M 4096 the timing (do_bench: the kernel did not yet run in a CUDA graph
 # there) was the host's, so the vendor path keeps M < 8192.
 FP8_HEAD_TILES_MIN_M = {"sm90": 8192}
-# Of five configs timed there, the best at M 16384 (123.2 us; 124.9 with 3 stages).
+# Of five configs timed there, the best at M 16384 (123.2 us; 124.9 with 3 stages). Blockscale
+# takes BLOCK_K 128 whatever the config says (one scale group a K-tile).
 FP8_HEAD_TILE_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8,
                         "num_warps": 8, "num_stages": 4}  # fmt: skip
 
 
 def fp8_head_tiles(q, x_scale, w, w_scale, d, s1, s2, y, config=None):
-    """The split-cat of an A8W8 rowwise / tensorwise GEMM by the head-tile kernel, or None where
-    it does not apply (see `_head_tiles_apply`; e4m3fn, bf16 out, scales (M,)/(M, 1)/one and
-    (N,)/(N, 1)/(1, N)/one). Returns (out, c2) laid out as `destinations` lays them out."""
-    cfg = {**FP8_HEAD_TILE_CONFIG, **(config or {}), "PERSISTENT": 1}
-    cfg["BLOCK_N"] = s1 + s2
-    m, k = q.shape
+    """The split-cat of an A8W8 GEMM (rowwise / tensorwise, or 1×128 × 128×128 blockscale) by the
+    head-tile kernel, or None where it does not apply (`_head_tiles_apply`; e4m3fn, bf16 out).
+    Returns (out, c2) laid out as `destinations` lays them out."""
+    kind = gemm_ref.check_gemm_fp8_args(q, x_scale, w, w_scale, y.dtype)
+    cfg = {**FP8_HEAD_TILE_CONFIG, **(config or {}), "PERSISTENT": 1, "BLOCK_N": s1 + s2}
+    if kind == gemm_ref.SCALE_BLOCK:
+        cfg["BLOCK_K"] = gemm_ref.FP8_BLOCK
     if (
-        q.dtype != torch.float8_e4m3fn or w.dtype != q.dtype or y.dtype != torch.bfloat16
-        or x_scale.numel() not in (1, m) or w_scale.numel() not in (1, w.shape[0])
-        or x_scale.dtype != torch.float32 or w_scale.dtype != torch.float32
+        q.dtype != torch.float8_e4m3fn or y.dtype != torch.bfloat16
         or not _head_tiles_apply(q, w, d, [s1, s2], y, cfg)
     ):  # fmt: skip
         return None
     (out, c2), _ = destinations(q, w.shape[0], d, [s1, s2], y, y.dtype)
-    if m:
-        k_iters = triton.cdiv(k, cfg["BLOCK_K"])
-        _launch_head_tiles(q, w, d, out, c2, y, cfg, k_iters, (x_scale, w_scale))
+    if q.shape[0]:
+        k_iters = triton.cdiv(q.shape[1], cfg["BLOCK_K"])
+        fp8 = FP8_BLOCK if kind == gemm_ref.SCALE_BLOCK else FP8_ROWWISE
+        _launch_head_tiles(q, w, d, out, c2, y, cfg, k_iters, (fp8, x_scale, w_scale))
     return out, c2
 
 

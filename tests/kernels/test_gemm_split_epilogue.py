@@ -224,6 +224,8 @@ HEAD_TILE_CASES = [
     (5, 2, 32, 16, "rowwise", {"BLOCK_M": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}),
     (70, 3, 32, 16, "tensorwise", {"BLOCK_M": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}),
     (33, 2, 64, 32, "rowwise", {"BLOCK_M": 16, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2}),
+    (9, 2, 32, 16, "blockscale", {"BLOCK_M": 16, "num_warps": 4, "num_stages": 2}),
+    (40, 3, 64, 32, "blockscale", {"BLOCK_M": 32, "num_warps": 4, "num_stages": 2}),
 ]
 
 
@@ -231,7 +233,7 @@ HEAD_TILE_CASES = [
 def test_fp8_head_tiles_equal_the_plain_kernel(m, d, s, s3, scales, config):
     from fxfuse.kernels.gemm_split_cat import fp8_head_tiles
 
-    q, x_scale, w, w_scale = _fp8_operands(m, d * 2 * s, 128, False)
+    q, x_scale, w, w_scale = _fp8_operands(m, d * 2 * s, 256, scales == "blockscale")
     if scales == "tensorwise":
         x_scale = torch.tensor(0.01, device=DEVICE)
         w_scale = torch.tensor([0.02], device=DEVICE)
@@ -254,12 +256,13 @@ def test_fp8_head_tiles_decline_what_tma_cannot_take():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("m", [128, 300, 4100])
-def test_fp8_head_tiles_on_gpu(m):
+@pytest.mark.parametrize("blockwise", [False, True], ids=["rowwise", "blockscale"])
+def test_fp8_head_tiles_on_gpu(m, blockwise):
     from fxfuse.kernels.gemm_split_cat import fp8_head_tiles
 
     torch.manual_seed(m)
     d, s, k = 16, 128, 512
-    q, x_scale, w, w_scale = _fp8_operands(m, d * 2 * s, k, False)
+    q, x_scale, w, w_scale = _fp8_operands(m, d * 2 * s, k, blockwise)
     y = _y(m, d, 64, "expand", BF16)
     out, c2 = fp8_head_tiles(q, x_scale, w, w_scale, d, s, s, y)
     want_out, want_c2 = split_cat_of(gemm_fp8.gemm_fp8(q, x_scale, w, w_scale, BF16), d, s, s, y)
