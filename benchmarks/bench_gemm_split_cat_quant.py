@@ -180,9 +180,13 @@ def backend(kind: str, i: dict) -> str:
     vendor = gemm_ops._vendor_kind(*i["gemm"], BF16)
     if not vendor:
         return "triton"
+    from fxfuse.kernels import gemm_split_cat as kernels
     from fxfuse.runtime import gemm_split_cat_ops
 
-    if gemm_split_cat_ops._fp8_head_tiles_take(i["gemm"][0]):
+    takes = gemm_split_cat_ops._fp8_head_tiles_take(*i["gemm"], BF16)
+    cfg = {**kernels.FP8_HEAD_TILE_CONFIG, "PERSISTENT": 1, "BLOCK_N": i["s1"] + i["s2"]}
+    q, w = i["gemm"][0], i["gemm"][2]
+    if takes and kernels._head_tiles_apply(q, w, i["d"], [i["s1"], i["s2"]], i["y"], cfg):
         return "fp8-head-tiles"
     return "vendor+copy"
 

@@ -743,13 +743,16 @@ def _scale_strides(t: torch.Tensor) -> tuple[int, int]:
     return t.stride(0), (t.stride(1) if t.dim() > 1 and t.shape[1] > 1 else 0)
 
 
-# FP8 head tiles (`fp8_head_tiles`): the split-cat ops take them from this M on, per target
-# (TMA: NVIDIA sm90+). H100, DeepSeek kv_b (K 512, 16 heads of 128 | 128, rope 64), rowwise,
-# benchmarks/results/gemm_split_cat_quant_head_tiles.json: M 8192 65.6 us, 16384 123.2, against
-# 78.0 / 149.2 for `_scaled_mm` + cat_pieces and 77.9 / 150.6 for Inductor's compile of the
-# unfused chain. At M 4096 the timing (do_bench: the kernel did not yet run in a CUDA graph
-# there) was the host's, so the vendor path keeps M < 8192.
-FP8_HEAD_TILES_MIN_M = {"sm90": 8192}
+# FP8 head tiles (`fp8_head_tiles`): the split-cat ops take them for rowwise / tensorwise scales
+# from this M on, per target (TMA: NVIDIA sm90+). H100, DeepSeek kv_b (K 512, 16 heads of
+# 128 | 128, rope 64), CUDA graphs, results/gemm_split_cat_quant_head_tiles_graph.json:
+# M 1024 / 4096 / 8192 / 16384 10.8 / 34.7 / 62.2 / 116.4 us against 13.3 / 39.5 / (78.0) /
+# (149.2) for `_scaled_mm` + cat_pieces and 14.0 / 41.9 / 80.2 / 147.2 for Inductor's compile of
+# the unfused chain; at M 128 9.7 against 7.8 (vendor), so not below 1024 (128-1024 untimed).
+# Blockscale is not dispatched here: its head tiles scale each K-tile's product outside the MMA
+# (as the A8W8 blockscale kernel does) and took 169.8 us at M 8192 against 78.9 for the vendor
+# path.
+FP8_HEAD_TILES_MIN_M = {"sm90": 1024}
 # Of five configs timed there, the best at M 16384 (123.2 us; 124.9 with 3 stages). Blockscale
 # takes BLOCK_K 128 whatever the config says (one scale group a K-tile).
 FP8_HEAD_TILE_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8,

@@ -175,9 +175,10 @@ def _(x, w, d, sizes):
 # in the interpreter the Triton GEMM writes out and c2 and copies y
 # (kernels/gemm_split_cat.split_epilogue), except where gemm_fp8 runs the vendor GEMM for this
 # shape (the A8W8 backend tables; on the H100 it takes kv_b from M 128 in a third of the time of
-# fxfuse's kernel): then `_scaled_mm` runs and one kernel copies the cat out of its result
-# (`cat_pieces`), c2 being a view of it. Without Triton every op runs the unfused spelling over the
-# torch reference GEMM.
+# fxfuse's kernel): then, for rowwise scales from M 1024 on sm90, the persistent TMA head-tile
+# kernel with FP8 operands (`fp8_head_tiles`); otherwise `_scaled_mm` runs and one kernel copies
+# the cat out of its result (`cat_pieces`), c2 being a view of it. Without Triton every op runs
+# the unfused spelling over the torch reference GEMM.
 
 
 def _quantized_n(kind: str, q, x_scale, w, w_scale, out_dtype) -> int:
@@ -213,7 +214,7 @@ def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
                 getattr(kernels, f"gemm_{kind}_split")(*gemm, d, widths, out_dtype, **layout)
             )
         return getattr(kernels, f"gemm_{kind}_split_cat")(*gemm, d, *widths, y, **layout)
-    if kind == "fp8" and y is not None and _fp8_head_tiles_take(q):
+    if kind == "fp8" and y is not None and _fp8_head_tiles_take(*gemm, out_dtype):
         got = _kernels().fp8_head_tiles(*gemm, d, *widths, y)
         if got is not None:
             return got
@@ -229,10 +230,13 @@ def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
     return out, ref.split_cat_c2(c, d, *widths)
 
 
-def _fp8_head_tiles_take(q: torch.Tensor) -> bool:
-    """Where the vendor GEMM would run: the FP8 head-tile kernel instead from its measured M on
-    (kernels/gemm_split_cat.FP8_HEAD_TILES_MIN_M); it declines shapes TMA cannot take."""
+def _fp8_head_tiles_take(q, x_scale, w, w_scale, out_dtype) -> bool:
+    """Where the vendor GEMM would run: the FP8 head-tile kernel instead, for rowwise / tensorwise
+    scales from its measured M on (kernels/gemm_split_cat.FP8_HEAD_TILES_MIN_M); it declines
+    shapes TMA cannot take."""
     if q.device.type != "cuda" or gemm_backend_override() != "auto":
+        return False
+    if gemm_ref.check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype) != gemm_ref.SCALE_ROWWISE:
         return False
     min_m = _kernels().FP8_HEAD_TILES_MIN_M.get(detect_target(q.device))
     return min_m is not None and q.shape[0] >= min_m
