@@ -53,6 +53,7 @@ from fxfuse.kernels.gemm_ref import (
     _check_tensor,
     _is_scalar_scale,
     check_gemm_fp8_args,
+    scale_strides,
 )
 from fxfuse.kernels.gemm_split_cat import destinations, epilogue_args, split_epilogue
 from fxfuse.kernels.rms_norm_quant import (
@@ -509,15 +510,6 @@ def dot_dtype(fp8_dtype: torch.dtype, device: torch.device, target: str):
 _fp8_native_cached = functools.lru_cache(maxsize=64)(_fp8_native)
 
 
-def _scale_strides(s: torch.Tensor) -> tuple[int, int]:
-    """Strides (rows, groups) of a scale tensor; 0 where it broadcasts."""
-    if _is_scalar_scale(s):
-        return 0, 0
-    if s.dim() == 1:
-        return s.stride(0), 0
-    return s.stride(0), s.stride(1)
-
-
 def _launch(
     a,
     a_scale,
@@ -553,9 +545,9 @@ def _launch(
     a_t = a.view(torch.uint8) if a.dtype in formats.FP8_DTYPES else a
     q_t = out if q_out is None else q_out.view(torch.uint8)
     qs_t = out if q_scale_out is None else q_scale_out
-    asm, ask = _scale_strides(a_scale)
-    wsn, wsk = _scale_strides(w_scale)
-    qsm, qsk = (0, 0) if q_scale_out is None else _scale_strides(q_scale_out)
+    asm, ask = scale_strides(a_scale)
+    wsn, wsk = scale_strides(w_scale)
+    qsm, qsk = (0, 0) if q_scale_out is None else scale_strides(q_scale_out)
     split_args, split_meta = epilogue_args(dest, out, bm, bn)
     launch(_gemm_fp8_kernel, (tiles, split_k),
         a_t,

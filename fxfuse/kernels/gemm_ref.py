@@ -59,6 +59,15 @@ def _is_scalar_scale(s: torch.Tensor) -> bool:
     return s.dim() == 0 or (s.dim() == 1 and s.shape[0] == 1)
 
 
+def scale_strides(s: torch.Tensor) -> tuple[int, int]:
+    """Strides (rows, groups) of an FP8 GEMM's scale tensor, for kernels; 0 where it broadcasts."""
+    if _is_scalar_scale(s):
+        return 0, 0
+    if s.dim() == 1:
+        return s.stride(0), 0
+    return s.stride(0), s.stride(1)
+
+
 def check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype, out_dtypes=OUT_DTYPES) -> str:
     """Validate an FP8 GEMM's arguments (ValueError naming the argument); returns the scale kind."""
     _check_tensor("q", q, formats.FP8_DTYPES, 2)

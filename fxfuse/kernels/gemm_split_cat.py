@@ -728,7 +728,7 @@ def _launch_head_tiles(x, w, d, out, c2, y, cfg, k_iters, scales=None) -> None:
     launch(_head_tile_kernel, (grid,),
         x_desc, w_desc, out_desc, c2_desc, y, out, xs, ws,
         m, s, s + s3, ld1, s3,
-        *y.stride(), *_scale_strides(xs), *_scale_strides(ws),
+        *y.stride(), *gemm_ref.scale_strides(xs), *gemm_ref.scale_strides(ws),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=cfg["GROUP_M"],
         K_ITERS=k_iters, NUM_D=d, BLOCK_S3=triton.next_power_of_2(s3),
         NUM_PROGRAMS=programs, DOT_IN_FP32=exact and scales is None, FP8_SCALES=kind,
@@ -736,19 +736,13 @@ def _launch_head_tiles(x, w, d, out, c2, y, cfg, k_iters, scales=None) -> None:
     )  # fmt: skip
 
 
-def _scale_strides(t: torch.Tensor) -> tuple[int, int]:
-    """(row, group) strides of a scale tensor: (R,), (R, 1), (R, G); 0 where it broadcasts."""
-    if t.numel() == 1:
-        return 0, 0
-    return t.stride(0), (t.stride(1) if t.dim() > 1 and t.shape[1] > 1 else 0)
-
-
 # FP8 head tiles (`fp8_head_tiles`): the split-cat ops take them for rowwise / tensorwise scales
 # from this M on, per target (TMA: NVIDIA sm90+). H100, DeepSeek kv_b (K 512, 16 heads of
 # 128 | 128, rope 64), CUDA graphs, results/gemm_split_cat_quant_head_tiles_graph.json:
-# M 1024 / 4096 / 8192 / 16384 10.8 / 34.7 / 62.2 / 116.4 us against 13.3 / 39.5 / (78.0) /
-# (149.2) for `_scaled_mm` + cat_pieces and 14.0 / 41.9 / 80.2 / 147.2 for Inductor's compile of
-# the unfused chain; at M 128 9.7 against 7.8 (vendor), so not below 1024 (128-1024 untimed).
+# M 1024 / 4096 / 8192 / 16384 10.8 / 34.7 / 62.2 / 116.4 us against 13.3 / 39.5 / 78.0 / 149.2
+# (the last two from an earlier call) for `_scaled_mm` + cat_pieces and 14.0 / 41.9 / 80.2 /
+# 147.2 for Inductor's compile of the unfused chain; at M 128 9.7 against 7.8 (vendor), so not
+# below 1024 (128-1024 untimed).
 # Blockscale is not dispatched here: its head tiles scale each K-tile's product outside the MMA
 # (as the A8W8 blockscale kernel does) and took 169.8 us at M 8192 against 78.9 for the vendor
 # path.
