@@ -82,6 +82,25 @@ def test_kernels_in_interpreter_match():
 
 
 @pytest.mark.parametrize("quant", QUANT_KINDS)
+@pytest.mark.parametrize("path", ["reference", "kernel"])
+def test_quantized_kv_b_takes_the_split_epilogue(quant, path, monkeypatch):
+    """kv_b as a quantized linear (dense_kv_b=False): its GEMM → split → cat becomes the
+    quantized split-cat op, kv_a_layernorm → quant an rms_norm_quant before it; the other counts
+    as with the dense kv_b."""
+    if path == "reference":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+    elif quant != "fp8_rowwise":
+        pytest.skip("the interpreter run takes one quant kind (seconds each)")
+    fused, got, want = _fuse(tiny(quant, layers=1, dense_kv_b=False), batch=1, seq=4)
+    counts = fused.fxfuse_report.counts
+    op = "gemm_mxfp4_split_cat" if quant == "mxfp4" else "gemm_fp8_split_cat"
+    assert counts["gemm_split_cat"] == 1 and counts["rmsnorm_quant"] == 4, counts
+    assert counts["rmsnorm_quant_gemm"] == 1 and counts["quant_gemm"] == 2, counts
+    assert_kv_b_feeds_only_split_cat(fused, 1, op)
+    assert rel_err(got, want) <= RTOL
+
+
+@pytest.mark.parametrize("quant", QUANT_KINDS)
 def test_torch_compile_backend_fuses(quant, reference_path):
     """Under torch.compile the GEMMs arrive decomposed (fp8_block's repeat_interleave of the
     weight scales as unsqueeze/expand/clone/reshape): every family still fires."""
