@@ -519,14 +519,15 @@ def test_quantized_y_of_another_dtype_does_not_fire(reference_path):
     assert outputs_bytes_equal(fused(*inputs), model(*inputs))
 
 
-def test_quantized_torch_compile_post_grad_fires():
-    model, (x, y) = QuantSplitCat("fp8_rowwise", norm=True), _quant_inputs()
+@pytest.mark.parametrize("quant", list(QUANT_OPS))
+def test_quantized_torch_compile_post_grad_fires(quant):
+    model, (x, y) = QuantSplitCat(quant, norm=True), _quant_inputs()
     torch._dynamo.reset()
     with torch.no_grad():
         got = torch.compile(model, backend="fxfuse")(x, y)
     report = fxfuse.last_report()
     assert report.counts[NAME] == 1, str(report)
-    assert any(r.replacement == QUANT_OPS["fp8_rowwise"] for r in report.rewrites)
+    assert any(r.replacement == QUANT_OPS[quant] for r in report.rewrites)
     _check_quantized(model, x, y, got)
 
 
@@ -579,3 +580,33 @@ def test_quantized_ops_name_the_bad_argument(kind, change, argument):
     )
     with pytest.raises(ValueError, match=rf"^{argument}:"):
         op(*gemm, a["out_dtype"], a["d"], a["s1"], a["s2"], y)
+
+
+class QuantSplit(nn.Module):
+    """kv_a's spelling on a quantized linear: GEMM → split, each piece copied (contiguous)."""
+
+    def __init__(self, quant: str):
+        super().__init__()
+        from fxfuse.models.quant_linear import QuantLinear
+
+        self.proj = QuantLinear(torch.randn(QD * (QS1 + QS2), QK) / QK**0.5, quant)
+
+    def normed(self, x):  # what _quantized_ref quantizes: x itself
+        return x
+
+    def forward(self, x):
+        a, b = torch.split(self.proj(x), [192, 64], dim=-1)
+        return a.contiguous(), b.contiguous()
+
+
+@pytest.mark.parametrize("quant", list(QUANT_OPS))
+def test_quantized_split_without_cat_fires(quant):
+    model, x = QuantSplit(quant), _quant_inputs()[0]
+    fused = _fuse(model, (x,))
+    assert fused.fxfuse_report.counts[NAME] == 1, str(fused.fxfuse_report)
+    op = QUANT_OPS[quant].replace("_split_cat", "_split")
+    assert op in fused_targets(fused)
+    c = _quantized_ref(model, x).view(x.shape[0], -1)  # float64, same quantized operands
+    got = fused(x)
+    assert all(g.is_contiguous() for g in got)
+    assert rel_err(got[0], c[:, :192]) <= RTOL and rel_err(got[1], c[:, 192:]) <= RTOL
