@@ -181,21 +181,21 @@ def _(x, w, d, sizes):
 # the unfused spelling over the torch reference GEMM.
 
 
-def _quantized_n(kind: str, q, x_scale, w, w_scale, out_dtype) -> int:
-    """N of a quantized GEMM's arguments, validated (MXFP4 weights plain or preshuffled)."""
+def _quantized_n(kind: str, q, x_scale, w, w_scale, out_dtype) -> tuple[int, str]:
+    """(N, scale kind) of a quantized GEMM's arguments, validated (MXFP4 weights plain or
+    preshuffled; its kind is "mxfp4")."""
     if kind == "fp8":
-        gemm_ref.check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype)
-        return w.shape[0]
+        return w.shape[0], gemm_ref.check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype)
     n, preshuffled = gemm_ref.mxfp4_weight_layout(w, w_scale, 2 * q.shape[1])
     if not preshuffled:
         gemm_ref.check_gemm_mxfp4_args(q, x_scale, w, w_scale, out_dtype)
-    return n
+    return n, kind
 
 
 def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
     """(out, c2) of the split-cat (y given) or the pieces of the split (y None)."""
     q, w = gemm[0], gemm[2]
-    n = _quantized_n(kind, *gemm, out_dtype)
+    n, scales = _quantized_n(kind, *gemm, out_dtype)
     if y is None:
         ref.check_sizes(n, d, widths)
     else:
@@ -214,7 +214,7 @@ def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
                 getattr(kernels, f"gemm_{kind}_split")(*gemm, d, widths, out_dtype, **layout)
             )
         return getattr(kernels, f"gemm_{kind}_split_cat")(*gemm, d, *widths, y, **layout)
-    if kind == "fp8" and y is not None and _fp8_head_tiles_take(*gemm, out_dtype):
+    if scales == gemm_ref.SCALE_ROWWISE and y is not None and _fp8_head_tiles_take(q):
         got = _kernels().fp8_head_tiles(*gemm, d, *widths, y)
         if got is not None:
             return got
@@ -230,13 +230,11 @@ def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
     return out, ref.split_cat_c2(c, d, *widths)
 
 
-def _fp8_head_tiles_take(q, x_scale, w, w_scale, out_dtype) -> bool:
-    """Where the vendor GEMM would run: the FP8 head-tile kernel instead, for rowwise / tensorwise
-    scales from its measured M on (kernels/gemm_split_cat.FP8_HEAD_TILES_MIN_M); it declines
-    shapes TMA cannot take."""
+def _fp8_head_tiles_take(q: torch.Tensor) -> bool:
+    """Where the vendor GEMM would run an FP8 rowwise / tensorwise split-cat: the head-tile
+    kernel instead from its measured M on (kernels/gemm_split_cat.FP8_HEAD_TILES_MIN_M); it
+    declines shapes TMA cannot take."""
     if q.device.type != "cuda" or gemm_backend_override() != "auto":
-        return False
-    if gemm_ref.check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype) != gemm_ref.SCALE_ROWWISE:
         return False
     min_m = _kernels().FP8_HEAD_TILES_MIN_M.get(detect_target(q.device))
     return min_m is not None and q.shape[0] >= min_m
@@ -244,7 +242,7 @@ def _fp8_head_tiles_take(q, x_scale, w, w_scale, out_dtype) -> bool:
 
 def _quantized_fake(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
     q = gemm[0]
-    n = _quantized_n(kind, *gemm, out_dtype)
+    n, _ = _quantized_n(kind, *gemm, out_dtype)
     if y is None:
         ref.check_sizes(n, d, widths)
         return [q.new_empty((q.shape[0], d, size), dtype=out_dtype) for size in widths]
