@@ -15,7 +15,8 @@ row of each repeat is stored. `prequant_rows` picks QUANT_ROWS per kernel from m
 
 Layouts: q (M, K) and w (N, K) fp8 with any strides (read as bytes); x_scale (M, 1) / () / (1,)
 or (M, K/128) row- or column-major; w_scale (N,) / (N, 1) / () / (1,) or (ceil(N/128), K/128);
-out (M, N) contiguous in out_dtype.
+out (M, N) contiguous in out_dtype, or (`gemm_fp8_split_cat` / `gemm_fp8_split`, NUM_PIECES > 0)
+the pieces of split(out.view(M, d, ·)) written by gemm_split_cat's epilogue, y's slice with them.
 
 Tiling: (BLOCK_M, BLOCK_N) output tiles in GROUP_M-swizzled order for L2 reuse; w is read as a
 (BLOCK_K, BLOCK_N) view of its K-contiguous rows (the K-major B operand fp8 MMAs want). Split-K

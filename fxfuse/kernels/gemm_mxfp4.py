@@ -10,6 +10,8 @@ Layouts (SPEC §2): q (M, K/2), w (N, K/2) uint8, byte = code[2i] | code[2i+1] <
 (M, K/32), w_scale (N, K/32) e8m0 uint8 (255 = NaN); any strides. With preshuffled=True, w is
 `preshuffle_weight_fp4(w)` (N/16, K/2·16) and w_scale `preshuffle_scale_e8m0(w_scale)`; the kernel
 reads them in place through the inverse index maps (gfx950's layouts; identical results).
+`gemm_mxfp4_split_cat` / `gemm_mxfp4_split` write the pieces of split(out.view(M, d, ·)) through
+gemm_split_cat's epilogue instead of out (M, N).
 
 Two inner products, chosen by the constexpr USE_DOT_SCALED:
 - `tl.dot_scaled(…, "e2m1", …)`: the scaled MFMA on gfx950; Triton emulates it elsewhere.
