@@ -47,7 +47,7 @@ except ImportError:  # pragma: no cover - older triton: the head-tile kernel is 
     TensorDescriptor = None
 
 KERNEL = "gemm_split_cat"
-MAX_PIECES = 4
+MAX_PIECES = ref.MAX_PIECES  # the kernels' piece pointers p0..p3
 DTYPES = (torch.bfloat16, torch.float16)
 # A copy step moves about this many elements of y; a copy program does COPY_ITERS steps, so that
 # copy programs (which take a GEMM-sized slot: same kernel, same shared memory) stay few. Fixed,
@@ -863,20 +863,8 @@ def gemm_split_cat(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(cat([c1, y], -1), c2) of c1, c2 = split((x @ wᵀ).view(M, d, s1 + s2), [s1, s2], -1)."""
     _check_gemm_inputs(x, w, d)
-    for name, value in (("s1", s1), ("s2", s2)):
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name}: expected a non-negative int, got {value!r}")
-    if s1 + s2 == 0:
-        raise ValueError("s1: s1 + s2 must be positive")
-    m, n = x.shape[0], w.shape[0]
-    if n != d * (s1 + s2):
-        raise ValueError(f"w: has {n} rows, expected d·(s1 + s2) = {d}·{s1 + s2} = {d * (s1 + s2)}")
-    if not isinstance(y, torch.Tensor) or y.dim() != 3 or tuple(y.shape[:2]) != (m, d):
-        raise ValueError(f"y: expected shape ({m}, {d}, S3), got {getattr(y, 'shape', type(y))}")
-    if y.dtype != x.dtype:
-        raise ValueError(f"y: dtype {y.dtype} differs from x's {x.dtype}")
-    if y.device != x.device:
-        raise ValueError(f"y: on {y.device}, x on {x.device}")
+    m = x.shape[0]
+    ref.check_cat_args(m, w.shape[0], x.dtype, x.device, d, s1, s2, y, "x")
     s3 = y.shape[2]
     out = torch.empty((m, d, s1 + s3), dtype=x.dtype, device=x.device)
     c2 = torch.empty((m, d, s2), dtype=x.dtype, device=x.device)
@@ -898,13 +886,8 @@ def gemm_split(
     contiguous, written straight from the GEMM tiles (up to four pieces)."""
     _check_gemm_inputs(x, w, d)
     sizes = list(sizes)
-    if not 1 <= len(sizes) <= MAX_PIECES:
-        raise ValueError(f"sizes: expected 1 to {MAX_PIECES} sizes, got {len(sizes)}")
-    if any(not isinstance(s, int) or s < 0 for s in sizes) or sum(sizes) == 0:
-        raise ValueError(f"sizes: expected non-negative ints with a positive sum, got {sizes}")
-    m, n = x.shape[0], w.shape[0]
-    if n != d * sum(sizes):
-        raise ValueError(f"w: has {n} rows, expected d·sum(sizes) = {d}·{sum(sizes)}")
+    ref.check_sizes(w.shape[0], d, sizes)
+    m = x.shape[0]
     pieces = [torch.empty((m, d, s), dtype=x.dtype, device=x.device) for s in sizes]
     _launch(x, w, d, pieces, sizes, None, config, target)
     return tuple(pieces)
