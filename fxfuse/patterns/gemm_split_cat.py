@@ -371,6 +371,12 @@ def _k_of_x(m: Match) -> int | None:
     return static_int(val(m["x"]).shape[-1])
 
 
+def _k_of_packed(m: Match) -> int | None:
+    """K of an MXFP4 GEMM: its q holds two e2m1 codes a byte."""
+    k = _k_of_x(m)
+    return None if k is None else 2 * k
+
+
 DENSE = Producer(
     name="dense",
     pattern=_dense_gemm,
@@ -422,7 +428,7 @@ MXFP4 = Producer(
     operands=_quantized_operands,
     split_cat=fxfuse.gemm_mxfp4_split_cat.default,
     split=fxfuse.gemm_mxfp4_split.default,
-    reduction=lambda m: 2 * _k_of_x(m) if _k_of_x(m) is not None else None,  # q: 2 codes a byte
+    reduction=_k_of_packed,
     c2_contiguous=False,
 )
 # Most specific first (see the module docstring).
