@@ -12,6 +12,10 @@ and with the old single padded tile ("pad"), and `torch.add(x, r, out=h)` (6 of 
 ~6.5 bytes per element) as the ceiling at that size. Each variant's h, q and scales are checked
 against the table config's first: h bit-equal, q / scales equal on ≥ 99 % of rows (the sum order
 of h² differs between tilings; SPEC §5 allows 1 ulp of y).
+
+It needs the two-tile kernel (`rms_norm_quant.row_tiles`) of commit ec4c368, which was reverted
+after this probe found no gain on an H100 (results/rms_small_n_probe.json, benchmarks/NOTES.md):
+check that commit out to run it again.
 """
 
 from __future__ import annotations

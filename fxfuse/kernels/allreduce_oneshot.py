@@ -114,7 +114,7 @@ def _allreduce_rms_norm_quant_kernel(
     # meta-parameters: BLOCK_N × COL_TILES for the publish and reduce phases; the norm's tiling
     # as rms_norm_quant's launcher picks it: ROW_TILE (one (NG, G) tile per row) or chunked tiles
     BLOCK_N: tl.constexpr, COL_TILES: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr,
-    ROW_TILE: tl.constexpr, NG: tl.constexpr, G: tl.constexpr, NG_B: tl.constexpr,
+    ROW_TILE: tl.constexpr, NG: tl.constexpr, G: tl.constexpr,
     GROUP: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, TILE_CHUNKS: tl.constexpr,
     NUM_TILES: tl.constexpr,
 ):
@@ -175,7 +175,7 @@ def _allreduce_rms_norm_quant_kernel(
             WRITE_NORM=WRITE_NORM, QUANT=QUANT, FP8_MAX=FP8_MAX, FP8_FNUZ=FP8_FNUZ,
             FP8_NATIVE=FP8_NATIVE, EPS_ON_SCALE=EPS_ON_SCALE, APPLY_RECIPROCAL=APPLY_RECIPROCAL,
             MX_ROUNDING=MX_ROUNDING, EXACT_CASTS=EXACT_CASTS, CONST_DIV_AS_MUL=CONST_DIV_AS_MUL,
-            NG=NG, G=G, ROWS_PER_PROGRAM=ROWS_PER_PROGRAM, NG_B=NG_B,
+            NG=NG, G=G, ROWS_PER_PROGRAM=ROWS_PER_PROGRAM,
         )
     else:
         _rms_norm_quant_kernel(
@@ -294,6 +294,26 @@ def _launch_config(target, device, m, n, world_size, signal_pad_bytes, config) -
     return resolved
 
 
+def _norm_tiling(quant_kind, group, chunk, n, element_size, block_n_max) -> dict:
+    """The norm phase's tiling, chosen as rms_norm_quant's launcher chooses it: one (NG, G) tile
+    per row when the padded row fits BLOCK_N_MAX, else the chunked tiles."""
+    grouped = quant_kind.value in (norm_quant.QUANT_FP8_GROUP.value, norm_quant.QUANT_MXFP4.value)
+    g = group if grouped else triton.next_power_of_2(n)
+    ng = triton.next_power_of_2(triton.cdiv(n, g))
+    num_groups = triton.cdiv(n, group)
+    tile_chunks = max(1, block_n_max // chunk)
+    return {
+        "ROW_TILE": g & (g - 1) == 0 and ng * g <= block_n_max,
+        "NG": ng,
+        "G": g,
+        "GROUP": group,
+        "CHUNK": chunk,
+        "VEC": min(chunk, 16 // element_size),
+        "TILE_CHUNKS": min(tile_chunks, triton.next_power_of_2(num_groups)),
+        "NUM_TILES": triton.cdiv(num_groups, tile_chunks),
+    }
+
+
 def allreduce_rms_norm_quant(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -350,9 +370,7 @@ def allreduce_rms_norm_quant(
         return q, scale, h, y
     world = peers.world_size
     cfg = _launch_config(target, device, m, n, world, peers.signal_pad_bytes, config)
-    tiling = norm_quant.norm_tiling(
-        quant_kind, group, chunk, n, x.element_size(), cfg["BLOCK_N_MAX"]
-    )
+    tiling = _norm_tiling(quant_kind, group, chunk, n, x.element_size(), cfg["BLOCK_N_MAX"])
     rows = cfg["ROWS_PER_PROGRAM"]
     block_n = min(cfg["BLOCK_N"], triton.next_power_of_2(n))
     residual_t = x if residual is None else residual

@@ -535,74 +535,10 @@ def _rms_norm_quant_kernel(
                 )
 
 
-# One row in one (NG, G) register tile: G = the quant group (a power-of-2 chunk of the row when
-# there is no group), NG groups. Plain 2-D tiles reach ~95 % of the H200's copy roofline at
-# N = 7168 where the chunked 3-D tiles above reached ~40 % (benchmarks/experiments/
-# rms_fp8_probe.py); the chunked kernel remains for rows wider than BLOCK_N_MAX. A row whose group
-# count is not a power of 2 can take a second tile of NG_B groups from column NG · G on (N 1536:
-# 1024 + 512 columns, where one tile of 2048 would spend a quarter of every instruction on
-# padding; `row_tiles` picks the split).
-@triton.jit
-def _row_tile_load(
-    x_ptr, residual_ptr, weight_ptr, h_ptr, row, row_ok, cols, col_mask, weight_offset,
-    stride_xm, stride_xn, stride_rm, stride_rn, stride_w, stride_hm,
-    X_DTYPE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT_OFFSET: tl.constexpr,
-    EXACT_CASTS: tl.constexpr, HAS_NORM: tl.constexpr,
-):
-    """h of one tile of a row (stored) and the tile's sum of h²."""
-    mask = col_mask & row_ok
-    x, r = _load_inputs(
-        x_ptr, residual_ptr, row, cols, mask, stride_xm, stride_xn, stride_rm, stride_rn,
-        HAS_RESIDUAL,
-    )
-    h = _residual_sum(
-        x, r, h_ptr, row, cols, mask, stride_hm, X_DTYPE, HAS_RESIDUAL, True, EXACT_CASTS
-    )
-    return h, tl.sum(tl.sum(h * h, axis=1), axis=0)
-
-
-@triton.jit
-def _row_tile_store(
-    y, row, row_ok, groups, cols, col_mask, group_ok, row_scale,
-    y_ptr, q_ptr, scale_ptr, stride_ym, stride_qm, stride_sm, stride_sg, quant_eps,
-    WRITE_NORM: tl.constexpr, QUANT: tl.constexpr, FP8_MAX: tl.constexpr, FP8_FNUZ: tl.constexpr,
-    FP8_NATIVE: tl.constexpr, EPS_ON_SCALE: tl.constexpr, APPLY_RECIPROCAL: tl.constexpr,
-    MX_ROUNDING: tl.constexpr, EXACT_CASTS: tl.constexpr, CONST_DIV_AS_MUL: tl.constexpr,
-):
-    """One tile's normed output and its quantized bytes / per-group scales (per-row FP8: the
-    row's scale, from every tile, is given)."""
-    mask = col_mask & row_ok
-    if WRITE_NORM:
-        _store_as(y_ptr + row * stride_ym + cols, y, mask, EXACT_CASTS)
-    if QUANT == QUANT_FP8_ROW:
-        q = _fp8_quant(y, row_scale, FP8_MAX, FP8_FNUZ, FP8_NATIVE, APPLY_RECIPROCAL, EXACT_CASTS)
-        tl.store(q_ptr + row * stride_qm + cols, q, mask=mask)
-    elif QUANT == QUANT_FP8_GROUP:
-        scale = _fp8_scale(
-            tl.max(tl.abs(y), axis=1), quant_eps, FP8_MAX, EPS_ON_SCALE, CONST_DIV_AS_MUL
-        )
-        q = _fp8_quant(
-            y, scale[:, None], FP8_MAX, FP8_FNUZ, FP8_NATIVE, APPLY_RECIPROCAL, EXACT_CASTS
-        )
-        tl.store(q_ptr + row * stride_qm + cols, q, mask=mask)
-        tl.store(scale_ptr + row * stride_sm + groups * stride_sg, scale, mask=group_ok & row_ok)
-    elif QUANT == QUANT_MXFP4:
-        ng: tl.constexpr = y.shape[0]
-        g: tl.constexpr = y.shape[1]
-        exponent = _e8m0_exponent(tl.max(tl.abs(y), axis=1), MX_ROUNDING)
-        codes = _e2m1_code(y * _e8m0_factor(exponent)[:, None])
-        even, odd = tl.split(tl.reshape(codes, (ng, g // 2, 2)))
-        byte_cols = groups[:, None] * (g // 2) + tl.arange(0, g // 2)[None, :]
-        tl.store(
-            q_ptr + row * stride_qm + byte_cols, (even | (odd << 4)).to(tl.uint8),
-            mask=group_ok[:, None] & row_ok,
-        )
-        tl.store(
-            scale_ptr + row * stride_sm + groups * stride_sg, (exponent + 127).to(tl.uint8),
-            mask=group_ok & row_ok,
-        )
-
-
+# One row in one (NG, G) register tile: G = the quant group (the whole padded row when there is
+# no group), NG groups. Plain 2-D tiles reach ~95 % of the H200's copy roofline at N = 7168 where
+# the chunked 3-D tiles above reached ~40 % (benchmarks/experiments/rms_fp8_probe.py); the chunked
+# kernel remains for rows wider than BLOCK_N_MAX.
 @triton.jit(do_not_specialize=["M"])
 def _rms_norm_quant_rows_kernel(
     x_ptr, residual_ptr, weight_ptr, h_ptr, y_ptr, q_ptr, scale_ptr,
@@ -616,79 +552,64 @@ def _rms_norm_quant_rows_kernel(
     EXACT_CASTS: tl.constexpr, CONST_DIV_AS_MUL: tl.constexpr,
     NG: tl.constexpr, G: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr,
     HAS_NORM: tl.constexpr = True,  # as in _rms_norm_quant_kernel
-    NG_B: tl.constexpr = 0,  # groups of the second tile (0: none)
 ):
     pid = tl.program_id(0)
     groups = tl.arange(0, NG)
     cols = groups[:, None] * G + tl.arange(0, G)[None, :]
     col_mask = cols < N
     group_ok = groups * G < N
-    w = groups  # a placeholder without HAS_NORM
     if HAS_NORM:
         w = _load_weight(
             weight_ptr, cols, col_mask, stride_w, weight_offset, HAS_WEIGHT_OFFSET, EXACT_CASTS
         )
-    groups_b = groups  # placeholders without a second tile
-    cols_b = cols
-    col_mask_b = col_mask
-    group_ok_b = group_ok
-    w_b = w
-    if NG_B > 0:
-        groups_b = NG + tl.arange(0, NG_B)
-        cols_b = groups_b[:, None] * G + tl.arange(0, G)[None, :]
-        col_mask_b = cols_b < N
-        group_ok_b = groups_b * G < N
-        if HAS_NORM:
-            w_b = _load_weight(
-                weight_ptr, cols_b, col_mask_b, stride_w, weight_offset, HAS_WEIGHT_OFFSET,
-                EXACT_CASTS,
-            )
     n_f32 = tl.cast(N, tl.float32)
     for i in tl.static_range(ROWS_PER_PROGRAM):
         row_i32 = pid * ROWS_PER_PROGRAM + i
         row_ok = row_i32 < M
         row = row_i32.to(tl.int64)
-        h, sum_sq = _row_tile_load(
-            x_ptr, residual_ptr, weight_ptr, h_ptr, row, row_ok, cols, col_mask, weight_offset,
-            stride_xm, stride_xn, stride_rm, stride_rn, stride_w, stride_hm,
-            X_DTYPE, HAS_RESIDUAL, HAS_WEIGHT_OFFSET, EXACT_CASTS, HAS_NORM,
+        mask = col_mask & row_ok
+        x, r = _load_inputs(
+            x_ptr, residual_ptr, row, cols, mask, stride_xm, stride_xn, stride_rm, stride_rn,
+            HAS_RESIDUAL,
         )
-        h_b = h
-        if NG_B > 0:
-            h_b, sum_sq_b = _row_tile_load(
-                x_ptr, residual_ptr, weight_ptr, h_ptr, row, row_ok, cols_b, col_mask_b,
-                weight_offset, stride_xm, stride_xn, stride_rm, stride_rn, stride_w, stride_hm,
-                X_DTYPE, HAS_RESIDUAL, HAS_WEIGHT_OFFSET, EXACT_CASTS, HAS_NORM,
-            )
-            sum_sq = sum_sq + sum_sq_b
+        h = _residual_sum(
+            x, r, h_ptr, row, cols, mask, stride_hm, X_DTYPE, HAS_RESIDUAL, True, EXACT_CASTS
+        )
         y = h
-        y_b = h_b
         if HAS_NORM:
-            inv = _inv_rms(sum_sq, n_f32, eps, CONST_DIV_AS_MUL)
+            inv = _inv_rms(tl.sum(tl.sum(h * h, axis=1), axis=0), n_f32, eps, CONST_DIV_AS_MUL)
             y = _normalize(h, w, inv, X_DTYPE, NORM_DTYPE, ROUND_BEFORE_WEIGHT, EXACT_CASTS)
-            if NG_B > 0:
-                y_b = _normalize(
-                    h_b, w_b, inv, X_DTYPE, NORM_DTYPE, ROUND_BEFORE_WEIGHT, EXACT_CASTS
-                )
-        row_scale = 0.0
+        if WRITE_NORM:
+            _store_as(y_ptr + row * stride_ym + cols, y, mask, EXACT_CASTS)
         if QUANT == QUANT_FP8_ROW:
-            amax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)
-            if NG_B > 0:
-                amax = tl.maximum(amax, tl.max(tl.max(tl.abs(y_b), axis=1), axis=0))
-            row_scale = _fp8_scale(amax, quant_eps, FP8_MAX, EPS_ON_SCALE, CONST_DIV_AS_MUL)
-            tl.store(scale_ptr + row * stride_sm, row_scale, mask=row_ok)
-        _row_tile_store(
-            y, row, row_ok, groups, cols, col_mask, group_ok, row_scale,
-            y_ptr, q_ptr, scale_ptr, stride_ym, stride_qm, stride_sm, stride_sg, quant_eps,
-            WRITE_NORM, QUANT, FP8_MAX, FP8_FNUZ, FP8_NATIVE, EPS_ON_SCALE, APPLY_RECIPROCAL,
-            MX_ROUNDING, EXACT_CASTS, CONST_DIV_AS_MUL,
-        )
-        if NG_B > 0:
-            _row_tile_store(
-                y_b, row, row_ok, groups_b, cols_b, col_mask_b, group_ok_b, row_scale,
-                y_ptr, q_ptr, scale_ptr, stride_ym, stride_qm, stride_sm, stride_sg, quant_eps,
-                WRITE_NORM, QUANT, FP8_MAX, FP8_FNUZ, FP8_NATIVE, EPS_ON_SCALE,
-                APPLY_RECIPROCAL, MX_ROUNDING, EXACT_CASTS, CONST_DIV_AS_MUL,
+            scale = _fp8_scale(
+                tl.max(tl.max(tl.abs(y), axis=1), axis=0), quant_eps, FP8_MAX, EPS_ON_SCALE,
+                CONST_DIV_AS_MUL,
+            )
+            tl.store(scale_ptr + row * stride_sm, scale, mask=row_ok)
+            q = _fp8_quant(y, scale, FP8_MAX, FP8_FNUZ, FP8_NATIVE, APPLY_RECIPROCAL, EXACT_CASTS)
+            tl.store(q_ptr + row * stride_qm + cols, q, mask=mask)
+        elif QUANT == QUANT_FP8_GROUP:
+            scale = _fp8_scale(
+                tl.max(tl.abs(y), axis=1), quant_eps, FP8_MAX, EPS_ON_SCALE, CONST_DIV_AS_MUL
+            )
+            q = _fp8_quant(
+                y, scale[:, None], FP8_MAX, FP8_FNUZ, FP8_NATIVE, APPLY_RECIPROCAL, EXACT_CASTS
+            )
+            tl.store(q_ptr + row * stride_qm + cols, q, mask=mask)
+            tl.store(scale_ptr + row * stride_sm + groups * stride_sg, scale, mask=group_ok & row_ok)
+        elif QUANT == QUANT_MXFP4:
+            exponent = _e8m0_exponent(tl.max(tl.abs(y), axis=1), MX_ROUNDING)
+            codes = _e2m1_code(y * _e8m0_factor(exponent)[:, None])
+            even, odd = tl.split(tl.reshape(codes, (NG, G // 2, 2)))
+            byte_cols = groups[:, None] * (G // 2) + tl.arange(0, G // 2)[None, :]
+            tl.store(
+                q_ptr + row * stride_qm + byte_cols, (even | (odd << 4)).to(tl.uint8),
+                mask=group_ok[:, None] & row_ok,
+            )
+            tl.store(
+                scale_ptr + row * stride_sm + groups * stride_sg, (exponent + 127).to(tl.uint8),
+                mask=group_ok & row_ok,
             )
 
 
@@ -763,52 +684,6 @@ def _launch_config(target: str | None, device: torch.device, m: int, n: int, con
     return resolved
 
 
-# A row chunk of at least 16 bytes of bf16 keeps the loads 16 bytes wide.
-MIN_ROW_CHUNK = 8
-
-
-def row_tiles(n: int, group: int) -> tuple[int, int, int]:
-    """(G, NG, NG_B): the row kernel's tiles of a row of n columns, NG groups of G columns and a
-    second tile of NG_B groups (0: none). G is the quant group, or without one (per-row FP8, norm
-    only) the largest power of 2 dividing n (at least MIN_ROW_CHUNK: else the whole padded row).
-    A second tile is taken where the groups are not a power of 2 and two power-of-2 tiles pad
-    less than one (1536 columns: 1024 + 512 instead of 2048)."""
-    if group:
-        g = group
-    else:
-        g = n & -n if n else 1
-        if g < MIN_ROW_CHUNK or g == n:
-            return triton.next_power_of_2(max(n, 1)), 1, 0
-    count = triton.cdiv(n, g)
-    whole = triton.next_power_of_2(count)
-    first = whole // 2
-    second = triton.next_power_of_2(count - first) if count > first else 0
-    if whole == count or first + second >= whole:
-        return (g, whole, 0) if group else (triton.next_power_of_2(n), 1, 0)
-    return g, first, second
-
-
-def norm_tiling(quant_kind, group, chunk, n, element_size, block_n_max) -> dict:
-    """Both kernels' tilings of an n-column row, and which one runs: ROW_TILE (the row kernel's
-    (NG, G) tile and second tile of NG_B groups, `row_tiles`) when the row fits BLOCK_N_MAX,
-    else the chunked kernel's tiles. The one-shot all-reduce kernel's norm phase takes the same."""
-    grouped = quant_kind.value in (QUANT_FP8_GROUP.value, QUANT_MXFP4.value)
-    g, ng, ng_b = row_tiles(n, group if grouped else 0)
-    num_groups = triton.cdiv(n, group)
-    tile_chunks = max(1, block_n_max // chunk)
-    return {
-        "ROW_TILE": g & (g - 1) == 0 and (ng + ng_b) * g <= block_n_max,
-        "NG": ng,
-        "G": g,
-        "NG_B": ng_b,
-        "GROUP": group,
-        "CHUNK": chunk,
-        "VEC": min(chunk, 16 // element_size),
-        "TILE_CHUNKS": min(tile_chunks, triton.next_power_of_2(num_groups)),
-        "NUM_TILES": triton.cdiv(num_groups, tile_chunks),
-    }
-
-
 def _fp8_native(fp8_dtype: torch.dtype, device: torch.device) -> bool:
     """Whether Triton's own round-to-nearest-even fp32 → e4m3 convert is used (else: software).
 
@@ -858,13 +733,21 @@ def _launch(
     q_t = x if q is None else q.view(torch.uint8)
     scale_t = x if scale is None else scale
     scale_strides = (0, 0) if scale is None else scale.stride()
-    tiling = norm_tiling(quant_kind, group, chunk, n, x.element_size(), cfg["BLOCK_N_MAX"])
-    if tiling.pop("ROW_TILE"):
-        kernel = _rms_norm_quant_rows_kernel
-        tiling = {key: tiling[key] for key in ("NG", "G", "NG_B")}
+    grouped = quant_kind.value in (QUANT_FP8_GROUP.value, QUANT_MXFP4.value)
+    g = group if grouped else triton.next_power_of_2(n)
+    ng = triton.next_power_of_2(triton.cdiv(n, g))
+    if g & (g - 1) == 0 and ng * g <= cfg["BLOCK_N_MAX"]:
+        kernel, tiling = _rms_norm_quant_rows_kernel, {"NG": ng, "G": g}
     else:
-        kernel = _rms_norm_quant_kernel
-        tiling = {key: tiling[key] for key in ("GROUP", "CHUNK", "VEC", "TILE_CHUNKS", "NUM_TILES")}
+        num_groups = triton.cdiv(n, group)
+        tile_chunks = max(1, cfg["BLOCK_N_MAX"] // chunk)
+        kernel, tiling = _rms_norm_quant_kernel, {
+            "GROUP": group,
+            "CHUNK": chunk,
+            "VEC": min(chunk, 16 // x.element_size()),
+            "TILE_CHUNKS": min(tile_chunks, triton.next_power_of_2(num_groups)),
+            "NUM_TILES": triton.cdiv(num_groups, tile_chunks),
+        }
     launch(kernel, (triton.cdiv(m, rows),),
         x,
         residual_t,

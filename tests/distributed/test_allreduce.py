@@ -784,7 +784,7 @@ _COMPILE_CHECK = textwrap.dedent(
                   WRITE_NORM=False, QUANT=1, FP8_MAX=448.0, FP8_FNUZ=False, FP8_NATIVE=False,
                   EPS_ON_SCALE=False, APPLY_RECIPROCAL=False, MX_ROUNDING=1, EXACT_CASTS=False,
                   CONST_DIV_AS_MUL=True, BLOCK_N=512, COL_TILES=2, ROWS_PER_PROGRAM=2,
-                  NG=1, G=1024, NG_B=0, GROUP=128, CHUNK=128, VEC=8, TILE_CHUNKS=4, NUM_TILES=2,
+                  NG=1, G=1024, GROUP=128, CHUNK=128, VEC=8, TILE_CHUNKS=4, NUM_TILES=2,
                   stride_xn=1, stride_rn=1)
     signature = {a: pointers.get(a, "fp32" if a in floats else "i32") for a in kernel.arg_names}
     signature.update({a: "constexpr" for a in consts})

@@ -17,13 +17,7 @@ import triton
 import triton.language as tl
 
 from fxfuse.kernels import formats
-from fxfuse.kernels.rms_norm_quant import (
-    _div_by_scale,
-    _fp8_bits,
-    rms_norm,
-    rms_norm_quant,
-    row_tiles,
-)
+from fxfuse.kernels.rms_norm_quant import _div_by_scale, _fp8_bits, rms_norm, rms_norm_quant
 from fxfuse.kernels.rms_norm_quant_ref import (
     quant_fp8_ref,
     quant_mxfp4_ref,
@@ -280,41 +274,6 @@ def test_group_size_not_a_power_of_two(config):
 def test_deepseek_hidden_row(quant):
     x, r, w = _inputs(2, 7168, seed=19)
     check(x, w, r, **quant)
-
-
-@pytest.mark.parametrize(
-    "n, quant, tiles",
-    [
-        (1536, QUANTS[0], (512, 2, 1)),
-        (1536, QUANTS[1], (128, 8, 4)),
-        (1536, QUANTS[3], (32, 32, 16)),
-        (352, QUANTS[0], (32, 8, 4)),  # 11 chunks: the second tile is partly padding
-        (352, QUANTS[5], (32, 8, 4)),
-        (1408, QUANTS[1], (128, 8, 4)),
-    ],
-)
-@pytest.mark.parametrize("rows_per_program", [1, 2])
-def test_two_row_tiles(n, quant, tiles, rows_per_program):
-    """Rows whose group count is not a power of 2 take two power-of-2 tiles; the second tile's
-    groups, scales and packed bytes land after the first's, and the row's sum and per-row scale
-    cover both."""
-    group = quant.values[0].get("group_size", 32 if quant.values[0]["quant"] == "mxfp4" else 0)
-    assert row_tiles(n, group) == tiles
-    x, r, w = _inputs(5, n, seed=25)
-    check(x, w, r, config={"ROWS_PER_PROGRAM": rows_per_program}, **quant.values[0])
-    x, _, w = _inputs(3, n, seed=26, residual=False)
-    check(x, w, None, **quant.values[0])
-
-
-def test_row_tiles_keep_one_tile():
-    """Power-of-2 group counts, and counts where two tiles would pad as much, keep one tile;
-    rows without a group and no power-of-2 chunk of 8+ columns take the whole padded row."""
-    assert row_tiles(7168, 0) == (8192, 1, 0)
-    assert row_tiles(7168, 128) == (128, 64, 0)
-    assert row_tiles(7168, 32) == (32, 256, 0)
-    assert row_tiles(4096, 0) == (4096, 1, 0)
-    assert row_tiles(100, 0) == (128, 1, 0)
-    assert row_tiles(448, 0) == (512, 1, 0)
 
 
 @pytest.mark.parametrize("with_residual", [True, False])
