@@ -184,8 +184,9 @@ def backend(kind: str, i: dict) -> str:
     from fxfuse.runtime import gemm_split_cat_ops
 
     takes = vendor == "rowwise" and gemm_split_cat_ops._fp8_head_tiles_take(i["gemm"][0])
-    cfg = {**kernels.FP8_HEAD_TILE_CONFIG, "PERSISTENT": 1, "BLOCK_N": i["s1"] + i["s2"]}
     q, w = i["gemm"][0], i["gemm"][2]
+    cfg = {**kernels.fp8_head_tile_config(q.shape[0]), "PERSISTENT": 1,
+           "BLOCK_N": i["s1"] + i["s2"]}  # fmt: skip
     if takes and kernels._head_tiles_apply(q, w, i["d"], [i["s1"], i["s2"]], i["y"], cfg):
         return "fp8-head-tiles"
     return "vendor+copy"

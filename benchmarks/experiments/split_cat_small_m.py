@@ -81,17 +81,10 @@ def _cat_flat_kernel(
     tl.store(out_ptr + idx, tl.where(from_c, cv, yv), mask=ok)
 
 
-def cat_current(c, d, s1, s2, y, block_r=None, warps=4):
-    if block_r is None:
-        return kernels.cat_pieces(c, d, s1, s2, y)
-    m, width = c.shape[0], s1 + y.shape[2]
-    out = torch.empty((m, d, width), dtype=c.dtype, device=c.device)
-    block_c = min(triton.next_power_of_2(width), 256)
-    launch(kernels._cat_kernel, (triton.cdiv(m * d, block_r),),
-           c, y, out, m * d, d, s1, s1 + s2, width, *y.stride(),
-           BLOCK_R=block_r, BLOCK_C=block_c, COL_ITERS=triton.cdiv(width, block_c),
-           num_warps=warps)  # fmt: skip
-    return out
+def cat_current(c, d, s1, s2, y):
+    """The shipped `cat_pieces` (since 2026-12-06 the two-tile kernel below, as tiles_r8w4; the
+    first run's "current" was a 16-row kernel of 256 masked columns, cur_* its tilings)."""
+    return kernels.cat_pieces(c, d, s1, s2, y)
 
 
 def cat_tiles(c, d, s1, s2, y, block_r=8, warps=4):
@@ -116,9 +109,6 @@ def cat_flat(c, d, s1, s2, y, block=1024, warps=4):
 
 CAT_VARIANTS = {
     "current": lambda c, d, s1, s2, y: cat_current(c, d, s1, s2, y),
-    "cur_r4w4": lambda c, d, s1, s2, y: cat_current(c, d, s1, s2, y, 4, 4),
-    "cur_r8w4": lambda c, d, s1, s2, y: cat_current(c, d, s1, s2, y, 8, 4),
-    "cur_r4w2": lambda c, d, s1, s2, y: cat_current(c, d, s1, s2, y, 4, 2),
     "tiles_r4w2": lambda c, d, s1, s2, y: cat_tiles(c, d, s1, s2, y, 4, 2),
     "tiles_r8w4": lambda c, d, s1, s2, y: cat_tiles(c, d, s1, s2, y, 8, 4),
     "tiles_r16w4": lambda c, d, s1, s2, y: cat_tiles(c, d, s1, s2, y, 16, 4),
@@ -329,8 +319,15 @@ def main():
     parser.add_argument("--fp8-m", default="64,128,256,512,768,1024")
     parser.add_argument("--dense-m", default="32,64,128,256,512,768,1024,2048")
     parser.add_argument("--cat-best", default="current,tiles_r8w4,flat_1024w4")
+    parser.add_argument("--dense-configs", default=",".join(DENSE_CONFIGS))
     args = parser.parse_args()
     device = torch.device("cuda")
+    # One compile per (shape, M) of each chain: more than dynamo's default limit of 8, past which
+    # it would run the rest eagerly (the first run's dense "other" M 512 / 1024 Inductor figures).
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.accumulated_recompile_limit = 1024
+    for label in set(DENSE_CONFIGS) - set(args.dense_configs.split(",")):
+        del DENSE_CONFIGS[label]
     shapes = {"kv_b": KV_B, "other": OTHER}
     rows = []
     parts = args.parts.split(",")

@@ -569,45 +569,58 @@ def destinations(q: torch.Tensor, n: int, d: int, widths, y, dtype: torch.dtype)
 
 
 @triton.jit
+def _copy_columns(
+    src_ptr, dst_ptr, rows, row_ok, src_rows, src_cols, dst_rows,
+    WIDTH: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """dst[r, :WIDTH] = src[r, :WIDTH] for a block of rows, BLOCK_C columns at a time; src_rows
+    and dst_rows are the rows' element offsets, src_cols the column stride (1, or y's)."""
+    for j in tl.static_range(triton.cdiv(WIDTH, BLOCK_C)):
+        cols = j * BLOCK_C + tl.arange(0, BLOCK_C)
+        mask = row_ok[:, None] & (cols < WIDTH)[None, :]
+        v = tl.load(src_ptr + src_rows[:, None] + cols[None, :] * src_cols, mask=mask)
+        tl.store(dst_ptr + dst_rows[:, None] + cols[None, :], v, mask=mask)
+
+
+@triton.jit
 def _cat_kernel(
     c_ptr, y_ptr, out_ptr,
-    R, D, S1, SW, W, stride_ym, stride_yd, stride_ys,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, COL_ITERS: tl.constexpr,
+    R, stride_ym, stride_yd, stride_ys,
+    D: tl.constexpr, S1: tl.constexpr, SW: tl.constexpr, S3: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C1: tl.constexpr, BLOCK_C3: tl.constexpr,
 ):
-    """out[r, :S1] = c[r, :S1] and out[r, S1:W] = y[m, d, :] for rows r = m·D + d of c viewed as
-    (M·D, SW) and out as (M·D, W): the cat of the unfused spelling, in one pass."""
+    """out[r, :S1] = c[r, :S1] and out[r, S1:] = y[m, d, :] for rows r = m·D + d of c viewed as
+    (M·D, SW) and out as (M·D, S1 + S3): the cat of the unfused spelling, in one pass. The sizes
+    are a layer's constants: as constexprs the row offsets are known multiples of them (16-byte
+    accesses), and c's and y's parts are separate tiles with no masked-off lanes between them."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_mask = rows < R
-    m = rows // D
-    d = rows % D
-    for j in tl.static_range(COL_ITERS):
-        cols = j * BLOCK_C + tl.arange(0, BLOCK_C)
-        from_c = (cols < S1)[None, :]
-        valid = row_mask[:, None] & (cols < W)[None, :]
-        c_vals = tl.load(c_ptr + rows[:, None] * SW + cols[None, :], mask=valid & from_c)
-        y_ptrs = (
-            y_ptr
-            + (m * stride_ym + d * stride_yd)[:, None]
-            + (cols - S1)[None, :].to(tl.int64) * stride_ys
-        )
-        y_vals = tl.load(y_ptrs, mask=valid & ~from_c)
-        tl.store(out_ptr + rows[:, None] * W + cols[None, :], tl.where(from_c, c_vals, y_vals),
-                 mask=valid)
+    row_ok = rows < R
+    out_rows = rows * (S1 + S3)
+    _copy_columns(c_ptr, out_ptr, rows, row_ok, rows * SW, 1, out_rows, S1, BLOCK_C1)
+    y_rows = (rows // D) * stride_ym + (rows % D) * stride_yd
+    _copy_columns(y_ptr, out_ptr + S1, rows, row_ok, y_rows, stride_ys, out_rows, S3, BLOCK_C3)
+
+
+# The cat kernel's tiles: CAT_ROWS rows of c's slice and y's, at most CAT_MAX_COLS columns a step.
+# H100, CUDA graphs (benchmarks/experiments/split_cat_small_m.py, results/split_cat_small_m.json):
+# kv_b (D 16, 128 | 64) M 128 / 512 / 1024 1.49 / 2.48 / 3.82 µs against 2.00 / 2.89 / 4.45 for
+# the kernel before (16 rows of 256 masked columns) and 1.56 / 3.53 / 5.55 for Inductor's cat.
+CAT_ROWS = 8
+CAT_MAX_COLS = 256
+CAT_WARPS = 4
 
 
 def cat_pieces(c: torch.Tensor, d: int, s1: int, s2: int, y: torch.Tensor) -> torch.Tensor:
     """cat([c.view(M, d, s1 + s2)[..., :s1], y], -1) of a contiguous (M, N) GEMM result c, as one
     kernel (the split-cat ops' path after a vendor GEMM); contiguous, c's dtype."""
-    m = c.shape[0]
-    width = s1 + y.shape[2]
-    out = torch.empty((m, d, width), dtype=c.dtype, device=c.device)
+    m, s3 = c.shape[0], y.shape[2]
+    out = torch.empty((m, d, s1 + s3), dtype=c.dtype, device=c.device)
     rows = m * d
     if rows:
-        block_c = min(triton.next_power_of_2(width), 256)
-        block_r = max(1, 4096 // block_c)
-        launch(_cat_kernel, (triton.cdiv(rows, block_r),),
-            c, y, out, rows, d, s1, s1 + s2, width, *y.stride(),
-            BLOCK_R=block_r, BLOCK_C=block_c, COL_ITERS=triton.cdiv(width, block_c), num_warps=4,
+        launch(_cat_kernel, (triton.cdiv(rows, CAT_ROWS),),
+            c, y, out, rows, *y.stride(), D=d, S1=s1, SW=s1 + s2, S3=s3,
+            BLOCK_R=CAT_ROWS, BLOCK_C1=min(triton.next_power_of_2(s1), CAT_MAX_COLS),
+            BLOCK_C3=min(triton.next_power_of_2(s3), CAT_MAX_COLS), num_warps=CAT_WARPS,
         )  # fmt: skip
     return out
 
@@ -741,16 +754,29 @@ def _launch_head_tiles(x, w, d, out, c2, y, cfg, k_iters, scales=None) -> None:
 # 128 | 128, rope 64), CUDA graphs, results/gemm_split_cat_quant_head_tiles_graph.json:
 # M 1024 / 4096 / 8192 / 16384 10.8 / 34.7 / 62.2 / 116.4 us against 13.3 / 39.5 / 78.0 / 149.2
 # (the last two from an earlier call) for `_scaled_mm` + cat_pieces and 14.0 / 41.9 / 80.2 /
-# 147.2 for Inductor's compile of the unfused chain; at M 128 9.7 against 7.8 (vendor), so not
-# below 1024 (128-1024 untimed).
+# 147.2 for Inductor's compile of the unfused chain. Below M 1024 (results/split_cat_small_m.json,
+# another H100): with 64-row tiles (FP8_HEAD_TILE_SMALL_M) M 256 / 512 7.43 / 7.76 us against
+# 7.49 / 8.64 for `_scaled_mm` + the present cat_pieces and 7.49 / 9.37 for Inductor; at M 128
+# 6.99 against 6.93 and 7.08, so not below 256.
 # Blockscale is not dispatched here: its head tiles scale each K-tile's product outside the MMA
 # (as the A8W8 blockscale kernel does) and took 169.8 us at M 8192 against 78.9 for the vendor
 # path.
-FP8_HEAD_TILES_MIN_M = {"sm90": 1024}
+FP8_HEAD_TILES_MIN_M = {"sm90": 256}
 # Of five configs timed there, the best at M 16384 (123.2 us; 124.9 with 3 stages). Blockscale
 # takes BLOCK_K 128 whatever the config says (one scale group a K-tile).
 FP8_HEAD_TILE_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8,
                         "num_warps": 8, "num_stages": 4}  # fmt: skip
+# Up to this M, 64-row tiles with 4 warps (M 512: 7.76 us against 9.83 with 128-row tiles; at
+# M 1024 128-row tiles won, 10.61 against 12.68; 768 untimed, taken as the dense table's bound).
+FP8_HEAD_TILE_SMALL_M = 768
+FP8_HEAD_TILE_SMALL = {"BLOCK_M": 64, "num_warps": 4}
+
+
+def fp8_head_tile_config(m: int) -> dict:
+    """The FP8 head-tile kernel's config for M rows."""
+    if m <= FP8_HEAD_TILE_SMALL_M:
+        return {**FP8_HEAD_TILE_CONFIG, **FP8_HEAD_TILE_SMALL}
+    return dict(FP8_HEAD_TILE_CONFIG)
 
 
 def fp8_head_tiles(q, x_scale, w, w_scale, d, s1, s2, y, config=None):
@@ -758,7 +784,8 @@ def fp8_head_tiles(q, x_scale, w, w_scale, d, s1, s2, y, config=None):
     head-tile kernel, or None where it does not apply (`_head_tiles_apply`; e4m3fn, bf16 out).
     Returns (out, c2) laid out as `destinations` lays them out."""
     kind = gemm_ref.check_gemm_fp8_args(q, x_scale, w, w_scale, y.dtype)
-    cfg = {**FP8_HEAD_TILE_CONFIG, **(config or {}), "PERSISTENT": 1, "BLOCK_N": s1 + s2}
+    cfg = {**fp8_head_tile_config(q.shape[0]), **(config or {}), "PERSISTENT": 1,
+           "BLOCK_N": s1 + s2}  # fmt: skip
     if kind == gemm_ref.SCALE_BLOCK:
         cfg["BLOCK_K"] = gemm_ref.FP8_BLOCK
     if (

@@ -175,7 +175,7 @@ def _(x, w, d, sizes):
 # in the interpreter the Triton GEMM writes out and c2 and copies y
 # (kernels/gemm_split_cat.split_epilogue), except where gemm_fp8 runs the vendor GEMM for this
 # shape (the A8W8 backend tables; on the H100 it takes kv_b from M 128 in a third of the time of
-# fxfuse's kernel): then, for rowwise scales from M 1024 on sm90, the persistent TMA head-tile
+# fxfuse's kernel): then, for rowwise scales from M 256 on sm90, the persistent TMA head-tile
 # kernel with FP8 operands (`fp8_head_tiles`); otherwise `_scaled_mm` runs and one kernel copies
 # the cat out of its result (`cat_pieces`), c2 being a view of it. Without Triton every op runs
 # the unfused spelling over the torch reference GEMM.

@@ -122,7 +122,8 @@ def test_mxfp4_split_epilogue_equals_the_plain_kernel(
 
 @pytest.mark.parametrize("m, d, s1, s2, s3, y_kind", [(5, 4, 32, 32, 16, "expand"),
                                                      (7, 3, 24, 40, 300, "permuted"),
-                                                     (1, 16, 128, 128, 64, "expand")])  # fmt: skip
+                                                     (1, 16, 128, 128, 64, "expand"),
+                                                     (3, 2, 520, 8, 40, "dense")])  # fmt: skip
 def test_cat_pieces_equals_torch_cat(m, d, s1, s2, s3, y_kind):
     """The one-kernel cat the ops run after a vendor GEMM."""
     c = torch.randn(m, d * (s1 + s2), device=DEVICE).to(BF16)
