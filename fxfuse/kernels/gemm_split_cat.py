@@ -767,8 +767,10 @@ FP8_HEAD_TILES_MIN_M = {"sm90": 256}
 FP8_HEAD_TILE_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8,
                         "num_warps": 8, "num_stages": 4}  # fmt: skip
 # Up to this M, 64-row tiles with 4 warps (M 512: 7.76 us against 9.83 with 128-row tiles; at
-# M 1024 128-row tiles won, 10.61 against 12.68; 768 untimed, taken as the dense table's bound).
-FP8_HEAD_TILE_SMALL_M = 768
+# M 1024 128-row tiles won, 10.61 against 12.68). At M 768 64-row tiles took 12.57 us, behind
+# `_scaled_mm` + cat_pieces (11.92) and Inductor (11.83): 192 tiles are 1.45 waves on 132 SMs, so
+# 128-row tiles (96, one wave) take M > 512 (results/split_cat_small_m_after.json).
+FP8_HEAD_TILE_SMALL_M = 512
 FP8_HEAD_TILE_SMALL = {"BLOCK_M": 64, "num_warps": 4}
 
 
