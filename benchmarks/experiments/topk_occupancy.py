@@ -28,8 +28,6 @@ reference, ties at many ranks; a variant the launcher refuses is noted and not t
 - c4 / c8 / c16 / c4pf3: the table's entry with 8K / 16K / 32K-score segments; pf1: one chunk
   prefetched in registers.
 - radix: the sample estimate and the finishing select by 32-bin histograms (TILE_SELECT 0).
-- pdl / pdlfused: the table's entry (or the collect kernel finishing the rows) with the collect
-  and finish kernels launched as programmatic dependents (MULTI_PDL, 2026-12-06 seventh session).
 - fk4 / fk8 / fk16: the rows finished by a second kernel (MULTI_FINISH_WARPS), one program
   of that many warps per row, after the collect kernel; fk4p with two bits a count; fused:
   the collect kernel finishes every row (MULTI_FINISH_WARPS 0). (Runs 13-14,
@@ -115,10 +113,6 @@ VARIANTS = {
     "fused": {"MULTI_FINISH_WARPS": 0},  # the collect kernel finishes every row
     # a 2048-pair candidate tile (k <= 512: the table's 4096 is 8x k at 512)
     "cap2048": {"MULTI_CAP": 2048},
-    # the collect / finish kernels as programmatic dependents (sm90 PDL): they start while the
-    # kernel before them drains, and wait for it
-    "pdl": {"MULTI_PDL": 1},
-    "pdlfused": {"MULTI_PDL": 1, "MULTI_FINISH_WARPS": 0},
 }
 ROW_PATH = {"row"}  # variants run with path="row"; every other one with path="multi"
 SHAPES = ((256, 131072), (64, 131072), (1, 131072))

@@ -99,7 +99,6 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import cuda as tl_cuda
 
 from fxfuse.kernels import topk_ref
 from fxfuse.kernels._plans import launch, planned
@@ -1102,16 +1101,13 @@ def _topk_sample_kernel(
     # switches and meta-parameters
     LENGTHS: tl.constexpr, HAS_STARTS: tl.constexpr, SAMPLE: tl.constexpr,
     SECTOR: tl.constexpr, MIN_RANK: tl.constexpr, RADIX_BITS: tl.constexpr,
-    SELECT: tl.constexpr, PAIRS: tl.constexpr, PDL: tl.constexpr = False,
+    SELECT: tl.constexpr, PAIRS: tl.constexpr,
 ):
     """Per row: the estimate, a key whose count in the row should be ~1.5 k (exact when the
     whole row fits the sample), stored with the row's other state words zeroed. SELECT: the
     descent to the sample's rank-r key, radix histograms, or a bisection (two bits a count with
     PAIRS) that stops at ESTIMATE_LOW_BIT on sampled rows (the estimate need not be exact, only
-    a key that r sampled keys reach). PDL: the collect kernel, launched as its programmatic
-    dependent, may start now (it waits for this grid before it reads anything)."""
-    if PDL:
-        tl_cuda.gdc_launch_dependents()
+    a key that r sampled keys reach)."""
     row = row_base + tl.program_id(0)
     row64 = row.to(tl.int64)
     n, start = _row_window(row, length, lengths_ptr, starts_ptr, LENGTHS, HAS_STARTS)
@@ -1195,14 +1191,11 @@ def _topk_multi_kernel(
     ROWS: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CAP: tl.constexpr,
     AREA: tl.constexpr, K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
     SELECT: tl.constexpr, PAIRS: tl.constexpr, PREFETCH: tl.constexpr = 1,
-    FINISH: tl.constexpr = True, PDL: tl.constexpr = False,
+    FINISH: tl.constexpr = True,
 ):
     """One program per (row of this group, segment); the row's last segment to finish
     finishes the row (see the module docstring), or, FINISH off, `_topk_finish_kernel` does
-    after this kernel. PDL: launched as a programmatic dependent of the previous grid, so it
-    first waits for that grid's completion."""
-    if PDL:
-        tl_cuda.gdc_wait()
+    after this kernel."""
     SEGMENT: tl.constexpr = ROWS * BLOCK * CHUNKS
     pid = tl.program_id(0)
     local = pid // num_segments  # the row's slot in this group's scratch
@@ -1330,13 +1323,10 @@ def _topk_finish_kernel(
     # meta-parameters
     ROWS: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CAP: tl.constexpr,
     AREA: tl.constexpr, K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
-    SELECT: tl.constexpr, PAIRS: tl.constexpr, PDL: tl.constexpr = False,
+    SELECT: tl.constexpr, PAIRS: tl.constexpr,
 ):
     """One program per row of this group, after `_topk_multi_kernel` with FINISH off: the
-    row's select and epilogue (rows no longer than k were done there). PDL: as the collect
-    kernel's."""
-    if PDL:
-        tl_cuda.gdc_wait()
+    row's select and epilogue (rows no longer than k were done there)."""
     SEGMENT: tl.constexpr = ROWS * BLOCK * CHUNKS
     local = tl.program_id(0)
     row = row_base + local
@@ -1389,7 +1379,7 @@ TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT).
 OVERRIDE_FIELDS = (
     *TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT", "MULTI_SAMPLE_WARPS",
-    "MULTI_BISECT_PAIRS", "MULTI_PDL",
+    "MULTI_BISECT_PAIRS",
 )  # fmt: skip
 PATHS = ("auto", "row", "multi")
 PATH_ENV = "FXFUSE_TOPK_PATH"
@@ -1461,7 +1451,6 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     resolved["TILE_SELECT"] = DEFAULT_TILE_SELECT
     resolved["MULTI_SAMPLE_WARPS"] = 0
     resolved["MULTI_BISECT_PAIRS"] = 0
-    resolved["MULTI_PDL"] = 0
     if config:
         unknown = sorted(set(config) - set(OVERRIDE_FIELDS))
         if unknown:
@@ -1499,7 +1488,6 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
           f"a power of 2 >= {2 * SAMPLE_SECTOR.value}")  # fmt: skip
     check("MULTI_ESTIMATE", lambda v: v in (0, 1), "0 or 1")
     check("MULTI_BISECT_PAIRS", lambda v: v in (0, 1), "0 or 1")
-    check("MULTI_PDL", lambda v: v in (0, 1), "0 or 1")
     check("MULTI_PREFETCH", lambda v: v in (1, 2, 3, 4),
           "1, 2 (chunks of loads in flight) or 3, 4 (Triton's pipeliner's stages)")  # fmt: skip
     check("MULTI_FINISH_WARPS", lambda v: v == 0 or v in launch_tables.NUM_WARPS,
@@ -1664,13 +1652,6 @@ def _launch(
         run(grid_merge, STAGE_MERGE.value, epilogue, sort, merge_cap, pair_area)
 
 
-def _pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch: compiled CUDA code on sm90+ (not the interpreter)."""
-    if interpreting() or device.type != "cuda" or torch.version.hip:
-        return False
-    return torch.cuda.get_device_capability(device) >= (9, 0)
-
-
 def _multi_plan(cfg: dict, rows: int, length: int, k: int) -> dict:
     """Sizes of the multi-program path for one call (all host-side, from shapes only)."""
     k_pad = triton.next_power_of_2(k)
@@ -1727,10 +1708,6 @@ def _launch_multi(
     lengths_mode = LEN_FULL.value if lengths is None else LEN_ARRAY.value
     page_strides = (0, 0) if page_table is None else page_table.stride()
     idx_bits = max(1, (length - 1).bit_length())
-    # MULTI_PDL: the collect and finish kernels are launched as programmatic dependents of the
-    # kernel before them (sm90+), so their programs start while it drains and wait for it.
-    pdl = bool(cfg["MULTI_PDL"]) and _pdl_supported(device)
-    dependent = {"PDL": True, "launch_pdl": True} if pdl else {}
     for row_base in range(0, rows, group):
         group_rows = min(group, rows - row_base)
         if plan["estimate"]:
@@ -1741,7 +1718,7 @@ def _launch_multi(
                 LENGTHS=lengths_mode, HAS_STARTS=row_starts is not None,
                 SAMPLE=plan["sample"], SECTOR=SAMPLE_SECTOR.value,
                 MIN_RANK=max(1, plan["sample"] // 128), RADIX_BITS=SELECT_BITS.value,
-                SELECT=cfg["TILE_SELECT"], PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]), PDL=pdl,
+                SELECT=cfg["TILE_SELECT"], PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]),
                 num_warps=plan["sample_warps"],
             )  # fmt: skip
         args = (
@@ -1767,10 +1744,9 @@ def _launch_multi(
         finish_warps = plan["finish_warps"]
         launch(_topk_multi_kernel, (group_rows * plan["segments"],), *args, **meta,
                PREFETCH=cfg["MULTI_PREFETCH"], FINISH=not finish_warps,
-               num_warps=plan["warps"], **plan["launch"], **dependent)  # fmt: skip
+               num_warps=plan["warps"], **plan["launch"])  # fmt: skip
         if finish_warps:
-            launch(_topk_finish_kernel, (group_rows,), *args, **meta, num_warps=finish_warps,
-                   **dependent)  # fmt: skip
+            launch(_topk_finish_kernel, (group_rows,), *args, **meta, num_warps=finish_warps)
     return state.view(rows, STATE_WORDS.value)
 
 

@@ -478,14 +478,6 @@ def test_masks_and_block_tables_keep_the_row_path(monkeypatch):
     assert torch.equal(topk.topk_mask(scores, 24, config=MULTI), topk_ref.topk_mask_ref(scores, 24))
 
 
-def test_programmatic_dependent_launch_is_off_without_sm90():
-    # MULTI_PDL asks for it; the interpreter (and CPU) launch plainly, with the same result.
-    scores = torch.randn(3, 9000)
-    out = topk.topk_indices(scores, 64, path="multi", config={**MULTI, "MULTI_PDL": 1})
-    _check(scores, 64, out)
-    assert not topk._pdl_supported(scores.device)
-
-
 @pytest.mark.parametrize(
     "call,name",
     [
@@ -502,7 +494,6 @@ def test_programmatic_dependent_launch_is_off_without_sm90():
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_MAXNREG": 16}), "config"),
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_SAMPLE_WARPS": 3}), "config"),
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_BISECT_PAIRS": 2}), "config"),
-        (lambda s: topk.topk_indices(s, 4, config={"MULTI_PDL": 2}), "config"),
         (lambda s: topk.topk_indices(s, 4, config={"MULTI_MAXNREG": 64}, target="gfx950"),
          "config"),
     ],
@@ -601,35 +592,3 @@ def test_candidate_tile_from_k_and_the_sample(rows, length, k, cap):
     assert plan["cap"] == cap
     expected = max(1.5 * k, length * max(1, cfg["MULTI_SAMPLE"] // 128) / cfg["MULTI_SAMPLE"])
     assert plan["cap"] >= min(2 * expected, cfg["MULTI_CAP"]) and plan["cap"] >= 2 * k
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("finish_warps", [0, 8])
-def test_gpu_programmatic_dependent_launch(finish_warps):
-    # MULTI_PDL: the collect (and finish) kernels start while the kernel before them drains and
-    # wait for it. The scores are written by the kernel just before the op, so a missing wait
-    # reads stale scores; in a CUDA graph too (programmatic edges), replayed over new inputs.
-    k, rows, length = 2048, 64, 131072
-    g = torch.Generator().manual_seed(finish_warps)
-    config = {"MULTI_PDL": 1, "MULTI_FINISH_WARPS": finish_warps}
-    src = torch.randn(rows, length, generator=g).cuda()
-    scores = torch.empty_like(src)
-    for _ in range(3):
-        scores.copy_(src)
-        out = topk.topk_indices(scores, k, path="multi", config=config)
-        _check(src.cpu(), k, out.cpu())
-        src = torch.randn(rows, length, generator=g).cuda()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph):
-        scores.mul_(1.0)  # the kernel before the op, inside the graph
-        out = topk.topk_indices(scores, k, path="multi", config=config)
-    torch.cuda.current_stream().wait_stream(stream)
-    for _ in range(2):
-        src = torch.randn(rows, length, generator=g).cuda()
-        scores.copy_(src)
-        graph.replay()
-        torch.cuda.synchronize()
-        _check(src.cpu(), k, out.cpu())
