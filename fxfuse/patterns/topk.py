@@ -2,7 +2,9 @@
 a page-table transform, a block table or a mask → one `fxfuse.topk_*` kernel (SPEC §3 "Top-k
 families"; the exact contract is `kernels/topk_ref.py`).
 
-Spellings (each chain also in its `where` / `masked_fill_` / `x[cond] = v` forms, with casts):
+Spellings (each chain also in its `where` / `masked_fill_` / `x[cond] = v` forms, with casts; a
+`where`'s fill may also be a tensor of the value, `full_like(x, v)` / `full(shape, v)`, that
+leaves x's shape):
 - page transform (SGLang's DSA torch fallback): `scores.masked_fill(cols >= lengths[:, None],
   -inf)` → `topk(k).indices` [→ `masked_fill(idx >= lengths, -1)`] → `clamp(min=0)` →
   `page_table[row_to_batch]?.gather(1, i >> s) << s | (i & (ps - 1))` (or `// ps`, `* ps + % ps`,
@@ -325,15 +327,55 @@ def _unclone(node):
 # --- pattern pieces -------------------------------------------------------------------------------
 
 
+class _Full(Pat):
+    """A tensor holding one value everywhere, `full_like(t, v)` or `full(shape, v)`, whose v
+    matches `value` (a Const); the node belongs to the match."""
+
+    def __init__(self, value: Pat):
+        self.value, self.name = value, None
+
+    def match(self, value, state):
+        if (
+            isinstance(value, fx.Node)
+            and value.op == "call_function"
+            and value.target in (aten.full_like.default, aten.full.default)
+            and len(value.args) >= 2
+        ):
+            state = state.copy()
+            state.nodes.append(value)  # part of the match: `full_like(idx, v)` reads idx
+            yield from self.value.match(value.args[1], state)
+
+
+class _KeepsShape(Pat):
+    """`inner` (a where) only where its result has the shape of its argument `arg`, the tensor
+    it fills: a filled tensor or a condition must not broadcast it to more elements."""
+
+    def __init__(self, inner: Pat, arg: int):
+        self.inner, self.arg, self.name = inner, arg, None
+
+    def match(self, value, state):
+        if not isinstance(value, fx.Node) or len(value.args) <= self.arg:
+            return
+        out, filled = val(value), val(value.args[self.arg])
+        if not isinstance(out, torch.Tensor) or not isinstance(filled, torch.Tensor):
+            return
+        if out.dim() != filled.dim() or not all(map(same_size, out.shape, filled.shape)):
+            return
+        yield from self.inner.match(value, state)
+
+
 def _fill(x: Pat, cond: Callable[[str], Pat], fill: Pat, prefix: str) -> Pat:
     """x with `fill` where cond holds: masked_fill(x, bad, v), where(bad, v, x), where(ok, x, v),
-    x[bad] = v. The condition binds as `{prefix}_bad` or `{prefix}_ok`; the node as `prefix`."""
+    x[bad] = v, the where's v also a tensor of v (`full_like(x, v)`) that leaves x's shape. The
+    condition binds as `{prefix}_bad` or `{prefix}_ok`; the node as `prefix`."""
     bad, ok = cond(f"{prefix}_bad"), cond(f"{prefix}_ok")
     return Alt(
         Op(MASKED_FILL, x, bad, fill),
         Op(WHERE_FILL_FIRST, bad, fill, x),
         Op(WHERE_FILL_LAST, ok, x, fill),
         Op(INDEX_PUT, x, ListOf(bad), fill, False),
+        _KeepsShape(Op(aten.where.self, bad, _Full(fill), x), 2),
+        _KeepsShape(Op(aten.where.self, ok, x, _Full(fill)), 1),
         name=prefix,
     )
 

@@ -163,6 +163,18 @@ def vectorized_inplace(scores, seq_lens, page_tables, row_to_batch, k=K, page_si
     return page_indices
 
 
+def full_like_fills(scores, lengths, page_table, k=K):
+    """Fills as tensors (`torch.where(keep, s, torch.full_like(s, -inf))`, the same for the
+    indices), the top-k's named `.indices`, `clamp_min`, a gather along -1, `masked_fill` of
+    `idx.eq(-1)`, an int32 output by `.to`."""
+    keep = torch.arange(scores.shape[-1], device=scores.device).unsqueeze(0) < lengths.unsqueeze(-1)
+    s = torch.where(keep, scores, torch.full_like(scores, float("-inf")))
+    idx = torch.topk(s, k, dim=-1).indices
+    idx = torch.where(idx < lengths.unsqueeze(-1), idx, torch.full_like(idx, -1))
+    pages = page_table.gather(-1, idx.clamp_min(0))
+    return pages.masked_fill(idx.eq(-1), -1).to(torch.int32)
+
+
 def _page_case(rows=4, length=64, page_size=1, batches=None, seed=0, lengths=None):
     g = torch.Generator().manual_seed(seed)
     scores = torch.randn(rows, length, generator=g)
@@ -188,6 +200,7 @@ PAGE_SPELLINGS = {
     "where_shift_or": (where_shift_or, 16, True, True),
     "floordiv_mul_add": (floordiv_mul_add, 64, False, False),
     "vectorized_inplace": (vectorized_inplace, 4, True, False),
+    "full_like_fills": (full_like_fills, 1, False, True),
 }
 
 
@@ -333,9 +346,20 @@ def other_length(scores, lengths, page_table, k=K):
     return torch.gather(page_table, 1, idx.clamp(min=0)).masked_fill(idx < 0, -1)
 
 
+def fill_broadcasts_scores(scores, lengths, page_table, k=K):
+    """One row's scores broadcast over every row by a tensor fill of the full shape: the top-k
+    is not over `scores`' own rows, so the fill is no masking of them."""
+    keep = torch.arange(scores.shape[1])[None, :] < lengths[:, None]
+    masked = torch.where(keep, scores[:1], torch.full_like(scores, NEG_INF))
+    idx = masked.topk(k).indices
+    idx = idx.masked_fill(idx >= lengths[:, None], -1)
+    return torch.gather(page_table, 1, idx.clamp(min=0)).masked_fill(idx < 0, -1)
+
+
 @pytest.mark.parametrize(
     "fn,reason",
     [
+        (fill_broadcasts_scores, "not masked past a row length"),
         (topk_over_rows, "not the last dim"),
         (smallest, "largest=False"),
         (reads_values, "other users"),
