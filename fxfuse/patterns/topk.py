@@ -4,7 +4,8 @@ families"; the exact contract is `kernels/topk_ref.py`).
 
 Spellings (each chain also in its `where` / `masked_fill_` / `x[cond] = v` forms, with casts; a
 `where`'s fill may also be a tensor of the value, `full_like(x, v)` / `full(shape, v)`, that
-leaves x's shape):
+leaves x's shape; `topk(k).indices` may also be the first k of a descending sort,
+`argsort(s, descending=True)[..., :k]` or `sort(s, descending=True).indices[..., :k]`):
 - page transform (SGLang's DSA torch fallback): `scores.masked_fill(cols >= lengths[:, None],
   -inf)` → `topk(k).indices` [→ `masked_fill(idx >= lengths, -1)`] → `clamp(min=0)` →
   `page_table[row_to_batch]?.gather(1, i >> s) << s | (i & (ps - 1))` (or `// ps`, `* ps + % ps`,
@@ -395,10 +396,39 @@ def _leaf(name: str) -> Pat:
     return Any(name)
 
 
+class _Sets(Pat):
+    """`inner`, binding the names in `values` as well (what a spelling implies, not spells)."""
+
+    def __init__(self, inner: Pat, **values):
+        self.inner, self.values, self.name = inner, values, None
+
+    def match(self, value, state):
+        for result in self.inner.match(value, state):
+            result = result.copy()
+            if all(Lit(name, v)._bind(v, result) for name, v in self.values.items()):
+                yield result
+
+
+def _sorted_prefix(scores: Pat) -> Pat:
+    """The first k indices of a descending sort, `argsort(s, descending=True)[..., :k]` or
+    `sort(s, descending=True).indices[..., :k]`: a sorted top-k (the slice's dim binds as
+    `slice_dim`; the guard checks it is the sort's)."""
+    descending = Lit(value=True)
+    order = Alt(
+        Getitem(Op(aten.sort.default, scores, Lit("dim"), descending), 1),
+        Getitem(Op(aten.sort.stable, scores, Lit(), Lit("dim"), descending), 1),
+        Op(aten.argsort.default, scores, Lit("dim"), descending),
+        Op(aten.argsort.stable, scores, Lit(), Lit("dim"), descending),
+    )
+    start = Alt(Lit(value=0), Lit(value=None))
+    prefix = Op(aten.slice.Tensor, order, Lit("slice_dim"), start, Lit("k"), Lit(value=1))
+    return _Sets(prefix, largest=True, sorted=True)
+
+
 def _topk_indices(scores: Pat) -> Pat:
     topk = Op(aten.topk.default, scores, Lit("k"), Lit("dim"), Lit("largest"), Lit("sorted"),
               name="topk")  # fmt: skip
-    indices = Getitem(topk, 1)
+    indices = Alt(Getitem(topk, 1), _sorted_prefix(scores))
     return Alt(Cast(indices), indices, name="idx")
 
 
@@ -565,6 +595,8 @@ def _check_topk(m: Match, scores, min_dims: int = 2, max_dims: int = 8) -> str |
         return f"top-k over {scores.dim()}-D scores"
     if not is_last_dim(m["dim"], scores.dim()):
         return f"top-k over dim {m['dim']}, not the last dim"
+    if m.get("slice_dim") is not None and not is_last_dim(m["slice_dim"], scores.dim()):
+        return f"the sorted indices are sliced along dim {m['slice_dim']}, not the last dim"
     if m["largest"] is not True:
         return "top-k of the smallest (largest=False)"
     k = m["k"]
