@@ -649,6 +649,16 @@ def masked_tail_additive(block_scores, n_blocks, k=K, block=4):
     return bias.repeat_interleave(block, -1)
 
 
+def argsort_where_additive(block_scores, n_blocks, k=K, block=4):
+    """Scores masked by `where` with a `full_like` fill, the top-k as a descending argsort's
+    first k, an additive bias scattered into a `new_full` base."""
+    keep = torch.arange(block_scores.shape[-1]) < n_blocks.unsqueeze(-1)
+    masked = torch.where(keep, block_scores, torch.full_like(block_scores, float("-inf")))
+    idx = masked.argsort(dim=-1, descending=True)[..., :k]
+    bias = block_scores.new_full(block_scores.shape, float("-inf")).scatter(-1, idx, 0.0)
+    return bias.repeat_interleave(block, -1)
+
+
 MASK_SPELLINGS = {
     # name: (fn, needs lengths, scores shape, block, selected value, the SPEC reference)
     "deepseek_hf_bool": (deepseek_hf_bool, False, (2, 3, 40), 1, False,
@@ -664,6 +674,9 @@ MASK_SPELLINGS = {
                              lambda s, n: topk_ref.topk_mask_ref(
                                  s, K, n, "additive", 4, masked_value=torch.finfo().min,
                                  masked_tail=True)),
+    "argsort_where_additive": (argsort_where_additive, True, (5, 40), 4, 0.0,
+                               lambda s, n: topk_ref.topk_mask_ref(
+                                   s, K, n, "additive", 4, masked_tail=True)),
 }  # fmt: skip
 MASK_LENGTHS = [K - 1, K, K + 1, 0, 40]
 
