@@ -5,7 +5,8 @@ on it, gives the spelled bytes:
 - Llama / DeepSeek: `w * (h32 * rsqrt(mean(h32², -1) + eps)).to(h.dtype)`  (round, then weight)
 - mul-then-cast:    `(h32 * rsqrt(...) * w).to(dtype)`, F.rms_norm / aten.rms_norm
 - Gemma:            `(h32 * rsqrt(...) * (1 + w.float())).to(dtype)`
-with `x*x` for `pow(2)`, `1/sqrt` (recorded: it rounds differently) for `rsqrt`, and sum/N for mean.
+with `x*x` or `square` for `pow(2)`, `1/sqrt` (recorded: it rounds differently) for `rsqrt`, sum/N
+for mean, and h itself (promoted) for the cast h in `h · inv` (T5 / older HF).
 A residual add feeding the norm becomes `add_rms_norm`, whose second output is the sum.
 """
 
@@ -36,14 +37,18 @@ REPORT_AS = "rmsnorm_quant"
 # --- spellings ----------------------------------------------------------------------------------
 
 h32 = maybe_cast(Any("h"), torch.float32, name="h32")
-square = Alt(Op(aten.pow.Tensor_Scalar, h32, 2), Op(MUL, h32, h32))
+square = Alt(
+    Op(aten.pow.Tensor_Scalar, h32, 2), Op(MUL, h32, h32), Op(aten.square.default, h32)
+)
 var_eps = Op(ADD, mean_spelling(square), Lit("eps"), commutative=True, where=plain_add)
 inv_rms = Alt(
     Op(aten.rsqrt.default, var_eps),
     Op(aten.reciprocal.default, Op(aten.sqrt.default, var_eps), name="reciprocal_sqrt"),
     Op(DIV, Lit(value=1.0), Op(aten.sqrt.default, var_eps), name="reciprocal_sqrt"),
 )
-normed = Op(MUL, h32, inv_rms, commutative=True, name="normed")
+# h itself may multiply the fp32 inverse (T5 / older HF: `h * rsqrt(var + eps)`, promoted to
+# fp32, the same product as the cast h's); the guard checks the product is fp32.
+normed = Op(MUL, Alt(h32, Any("h")), inv_rms, commutative=True, name="normed")
 weight = Any("w")
 
 
@@ -112,6 +117,8 @@ def _guard(style: str):
             return f"eps {m['eps']!r} is not a non-negative literal"
         if val(m["h32"]).dtype != torch.float32:
             return "statistics are not computed in fp32"
+        if val(m["normed"]).dtype != torch.float32:
+            return f"h · inv is computed in {val(m['normed']).dtype}, not fp32"
         if style == "llama" and m["round_dtype"] != h.dtype:
             return f"normed value rounded to {m['round_dtype']}, not the input dtype {h.dtype}"
         if style == "gemma" and as_float(m["offset"]) is None:

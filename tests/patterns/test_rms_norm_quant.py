@@ -52,11 +52,29 @@ def sum_over_n(h, w, eps=1e-6):
     return w * (hf * torch.rsqrt(var + eps)).to(h.dtype)
 
 
+def square(h, w, eps=1e-6):
+    hf = h.float()
+    return w * (hf * torch.rsqrt(hf.square().mean(-1, keepdim=True) + eps)).to(h.dtype)
+
+
+def t5(h, w, eps=1e-6):
+    """T5 / older HF: the variance from an fp32 cast, h itself times rsqrt (promoted to fp32),
+    cast to the weight's dtype."""
+    variance = h.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    hs = h * torch.rsqrt(variance + eps)
+    if w.dtype in [torch.float16, torch.bfloat16]:
+        hs = hs.to(w.dtype)
+    return w * hs
+
+
 def fxfuse_op(h, w, eps=1e-6):
     return fxfuse.ops.rms_norm(h, w, eps)
 
 
-NORMS = [llama, mul_then_cast, gemma, functional, x_times_x, reciprocal_sqrt, sum_over_n, fxfuse_op]
+NORMS = [
+    llama, mul_then_cast, gemma, functional, x_times_x, reciprocal_sqrt, sum_over_n, square, t5,
+    fxfuse_op,
+]  # fmt: skip
 
 
 # --- quant spellings (each takes y and returns q, scale) ----------------------------------------
