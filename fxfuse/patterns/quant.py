@@ -28,7 +28,8 @@ from fxfuse.patterns.rule import Inserter, Rule, val
 
 fxfuse = torch.ops.fxfuse
 REPORT_AS = "rmsnorm_quant"
-VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+# The group view x.view(..., K / G, G), also spelled x.unflatten(-1, (-1, G)) (export keeps it).
+VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unflatten.int)
 
 # --- spellings ----------------------------------------------------------------------------------
 

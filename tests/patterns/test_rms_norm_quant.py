@@ -101,6 +101,21 @@ def group_128(y, eps=1e-10):
     return q.view(m, k), scale.squeeze(-1)
 
 
+def vllm_per_token(y, eps=1e-12):
+    """vLLM's torch spelling: max(...).values, clamp, multiply by scale.reciprocal()."""
+    x_max = y.abs().max(dim=-1, keepdim=True).values.float().clamp(min=eps)
+    scale = x_max / 448.0
+    return (y.float() * scale.reciprocal()).clamp(-448.0, 448.0).to(FP8), scale
+
+
+def group_unflatten(y, eps=1e-10):
+    """1×128 groups by unflatten / flatten instead of view."""
+    yg = y.float().unflatten(-1, (-1, 128))
+    scale = yg.abs().amax(dim=-1, keepdim=True).clamp_min(eps) / 448.0
+    q = (yg / scale).clamp(-448.0, 448.0).to(FP8)
+    return q.flatten(-2), scale.squeeze(-1)
+
+
 def fxfuse_quant_fp8(y):
     return fxfuse.ops.quant_fp8(y)
 
@@ -117,7 +132,8 @@ def mxfp4(rounding):
     return quant
 
 
-QUANTS = [per_token_div, per_token_reciprocal, group_128, fxfuse_quant_fp8, fxfuse_quant_group]
+QUANTS = [per_token_div, per_token_reciprocal, vllm_per_token, group_128, group_unflatten]
+QUANTS += [fxfuse_quant_fp8, fxfuse_quant_group]
 QUANTS += [mxfp4(r) for r in ("floor", "even", "ceil")]
 
 
