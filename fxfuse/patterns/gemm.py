@@ -90,7 +90,7 @@ def _scaled_mm_replace(m: Match, ctx, insert: Inserter):
 #   x_deq = (q.float() * s)[.view(-1, K)]         s (M, 1) per token, or (M, K/128, 1) per group
 #   w_deq = w.float() * ws                         ws (N, 1) per channel, or the 128×128 blocks
 #                                                  ws.repeat_interleave(128, 0).repeat_interleave(128, 1)
-#   out   = (x_deq @ w_deq.t())[.to(out_dtype)]
+#   out   = (x_deq @ w_deq.t())[.to(out_dtype)], or F.linear(x_deq, w_deq)[.to(out_dtype)]
 # After Inductor's decompositions (torch.compile's post-grad graph) x.repeat_interleave(r, d) of a
 # static r reads x.unsqueeze(d + 1).expand(..., r, ...).clone().reshape(...).
 
@@ -133,7 +133,16 @@ _matmul = Op(
     Alt(Op(aten.t.default, _w_deq), Op(aten.permute.default, _w_deq, Lit("perm"))),
     name="matmul",
 )
-dequant_matmul = Alt(Cast(_matmul, "out_dtype"), _matmul)
+# F.linear(x_deq, w_deq) without a bias: export keeps aten.linear (the post-grad graph has the
+# permute + mm above).
+_linear = Op(
+    aten.linear.default,
+    Maybe(lambda p: Op(VIEWS, p, Lit("rows")), _x_deq),
+    _w_deq,
+    None,
+    name="matmul",
+)
+dequant_matmul = Alt(Cast(_matmul, "out_dtype"), _matmul, Cast(_linear, "out_dtype"), _linear)
 
 
 def _dequant_guard(m: Match, ctx) -> str | None:
@@ -144,6 +153,8 @@ def _dequant_guard(m: Match, ctx) -> str | None:
         return f"weight permuted by {m['perm']}, not transposed"
     if m.get("out_dtype", torch.float32) not in (torch.bfloat16, torch.float16, torch.float32):
         return f"output cast to {m['out_dtype']}"
+    if val(m["matmul"]).dim() != 2:
+        return f"the GEMM's output is {val(m['matmul']).dim()}-D, not (M, N)"
     n, k = w.shape
     if m.get("repeat1") is not None:
         inner = _repeat_args(m, 0, m["w_scale"])

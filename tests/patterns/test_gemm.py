@@ -3,6 +3,7 @@ run-time token-count dispatch (SPEC §3, §5)."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import fxfuse
 from fxfuse import ops
@@ -228,6 +229,25 @@ class DequantPerToken(torch.nn.Module):
         return ((q.float() * s) @ w_deq.t()).to(torch.bfloat16)
 
 
+class DequantLinear(torch.nn.Module):
+    """F.linear(q.to(fp32) * s, w.to(fp32) * ws): export keeps aten.linear. `tokens_3d`: the
+    dequantized tokens viewed (2, M / 2, K) first, a 3-D GEMM output (a near-miss)."""
+
+    def __init__(self, bias=False, tokens_3d=False):
+        super().__init__()
+        self.proj = QuantLinear(torch.randn(N, K) / K**0.5, "fp8_rowwise")
+        self.bias = torch.nn.Parameter(torch.randn(N)) if bias else None
+        self.tokens_3d = tokens_3d
+
+    def forward(self, x):
+        q, s = ops.quant_fp8(x)
+        w_deq = self.proj.weight.to(torch.float32) * self.proj.weight_scale.reshape(-1, 1)
+        x_deq = q.to(torch.float32) * s
+        if self.tokens_3d:
+            x_deq = x_deq.view(2, -1, K)
+        return F.linear(x_deq, w_deq, self.bias).to(torch.bfloat16)
+
+
 class DequantBlocks(torch.nn.Module):
     """QuantLinear's fp8_block spelling with the weight scales expanded `rep` times."""
 
@@ -247,7 +267,7 @@ class DequantBlocks(torch.nn.Module):
         return (x_deq @ (self.proj.weight.float() * ws).t()).to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("model_cls", [DequantPerToken, DequantBlocks])
+@pytest.mark.parametrize("model_cls", [DequantPerToken, DequantLinear, DequantBlocks])
 def test_dequant_then_matmul_fuses(reference_path, model_cls):
     model = model_cls()
     x, _ = _inputs(40)
@@ -256,8 +276,19 @@ def test_dequant_then_matmul_fuses(reference_path, model_cls):
     assert report.canonicalized.get("gemm_fp8[dequant]") == 1, report
     assert report.counts["quant_gemm"] == 1
     assert "fxfuse.quant_gemm.default" in fused_targets(fused)
-    assert "aten.matmul.default" not in [str(n.target) for n in fused.graph.nodes]
+    targets = [str(n.target) for n in fused.graph.nodes]
+    assert "aten.matmul.default" not in targets and "aten.linear.default" not in targets
     assert _rel(fused(x), model(x)) <= 1e-2
+
+
+@pytest.mark.parametrize("kw", [{"bias": True}, {"tokens_3d": True}], ids=["bias", "3d"])
+def test_dequant_linear_near_misses_are_left_alone(reference_path, kw):
+    model = DequantLinear(**kw)
+    x, _ = _inputs(40)
+    fused = fxfuse.apply_fusions(model, (x,))
+    assert fused.fxfuse_report.canonicalized.get("gemm_fp8[dequant]", 0) == 0
+    assert "aten.linear.default" in [str(n.target) for n in fused.graph.nodes]
+    assert torch.equal(fused(x), model(x))
 
 
 @pytest.mark.parametrize("rep", [128, 64])
