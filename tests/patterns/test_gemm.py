@@ -281,6 +281,26 @@ def test_dequant_then_matmul_fuses(reference_path, model_cls):
     assert _rel(fused(x), model(x)) <= 1e-2
 
 
+class DequantMatmul3d(DequantPerToken):
+    """The dequantized tokens viewed (2, M / 2, K) before `@`: a 3-D output (a near-miss; the
+    rewrite once returned (M, N) here)."""
+
+    def forward(self, x):
+        q, s = ops.quant_fp8(x)
+        w_deq = self.proj.weight.float() * self.proj.weight_scale.reshape(-1, 1)
+        return ((q.float() * s).view(2, -1, K) @ w_deq.t()).to(torch.bfloat16)
+
+
+def test_dequant_matmul_with_3d_output_is_left_alone(reference_path):
+    model = DequantMatmul3d()
+    x, _ = _inputs(40)
+    fused = fxfuse.apply_fusions(model, (x,))
+    assert fused.fxfuse_report.canonicalized.get("gemm_fp8[dequant]", 0) == 0
+    reasons = " | ".join(why for _, _, why in fused.fxfuse_report.rejected)
+    assert "3-D, not (M, N)" in reasons, reasons
+    assert torch.equal(fused(x), model(x))
+
+
 @pytest.mark.parametrize("kw", [{"bias": True}, {"tokens_3d": True}], ids=["bias", "3d"])
 def test_dequant_linear_near_misses_are_left_alone(reference_path, kw):
     model = DequantLinear(**kw)
