@@ -274,6 +274,7 @@ def test_launch_table_covers_every_target():
         assert table["targets"][target]["timed"] is False
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("m", [32, 300, 1000, 4100])
 def test_deepseek_kv_b_on_gpu(m, head_tile_calls):

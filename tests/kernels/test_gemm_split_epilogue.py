@@ -171,6 +171,7 @@ def test_bad_sizes_are_named(sizes):
         gemm_mxfp4.gemm_mxfp4_split(q, x_scale, w, w_scale, 2, sizes, BF16)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("m", [1, 32, 300, 4100])
 @pytest.mark.parametrize("kind", ["rowwise", "blockscale", "mxfp4"])
@@ -193,6 +194,7 @@ def test_deepseek_kv_b_on_gpu(m, kind):
     _check(plain, d, widths, y, got, pieces)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("m", [1, 300, 4100, 8200])
 @pytest.mark.parametrize("kind", ["rowwise", "blockscale", "mxfp4"])
@@ -255,6 +257,7 @@ def test_fp8_head_tiles_decline_what_tma_cannot_take():
     assert fp8_head_tiles(q, x_scale, w, w_scale, 3, 32, 32, y) is None  # bf16 out only
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("m", [128, 300, 4100])
 @pytest.mark.parametrize("blockwise", [False, True], ids=["rowwise", "blockscale"])

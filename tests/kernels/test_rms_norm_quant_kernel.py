@@ -355,9 +355,14 @@ def test_rms_norm_bad_inputs():
         rms_norm(torch.ones(2, 64), torch.ones(64), EPS, torch.ones(3, 64))
 
 
-needs_compiled_gpu = pytest.mark.skipif(
+_no_compiled_gpu = pytest.mark.skipif(
     not torch.cuda.is_available() or interpreting(), reason="needs a GPU, TRITON_INTERPRET=0"
 )
+
+
+def needs_compiled_gpu(test):
+    """Marked `gpu` (so `pytest -m gpu` selects it) and skipped without a compiled GPU."""
+    return pytest.mark.gpu(_no_compiled_gpu(test))
 
 
 @needs_compiled_gpu
