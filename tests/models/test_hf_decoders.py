@@ -1,0 +1,57 @@
+"""Other HF transformers decoders (tiny configs, random weights) with their Linear layers swapped
+for the torch-spelled dynamic-FP8 linear, as for Llama (test_hf_llama.py): each architecture's
+own RMSNorm spelling (Gemma's `(1 + w)`, Qwen2's and Mistral's Llama form) fuses with the quant
+in every decoder layer, and the logits match."""
+
+import pytest
+import torch
+
+import fxfuse
+from fxfuse.models.quant_linear import quantize_linears
+
+transformers = pytest.importorskip("transformers")
+
+LAYERS = 2
+ARCHITECTURES = {
+    # name: (config class, model class, extra config)
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 64}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"head_dim": 64}),
+}
+
+
+class Logits(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, ids):
+        return self.inner(input_ids=ids, use_cache=False).logits
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_decoder_norms_fuse_and_logits_match(name, reference_path):
+    config_name, model_name, extra = ARCHITECTURES[name]
+    if not hasattr(transformers, model_name):
+        pytest.skip(f"transformers {transformers.__version__} has no {model_name}")
+    cfg = getattr(transformers, config_name)(
+        vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-6, **extra,
+    )  # fmt: skip
+    model = getattr(transformers, model_name)(cfg).to(torch.bfloat16).eval()
+    wrapped = Logits(quantize_linears(model, "fp8_rowwise"))
+    input_ids = torch.randint(0, 128, (2, 12))
+    with torch.no_grad():
+        fused = fxfuse.apply_fusions(wrapped, (input_ids,))
+        want = wrapped(input_ids)
+        got = fused(input_ids)
+    report = fused.fxfuse_report
+    # input_layernorm (q/k/v share one quant) and post_attention_layernorm (gate/up) per layer;
+    # the final norm feeds the unquantized lm_head. o_proj's and down_proj's activations are
+    # quantized alone: quant → GEMM, two a layer.
+    assert report.counts["rmsnorm_quant"] == 2 * LAYERS, str(report)
+    assert report.counts["quant_gemm"] == 2 * LAYERS, str(report)
+    rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    assert rel <= 1e-2
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.99
