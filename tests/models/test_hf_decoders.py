@@ -1,5 +1,5 @@
 """Other HF transformers decoders (tiny configs, random weights) with their Linear layers swapped
-for the torch-spelled dynamic-FP8 linear, as for Llama (test_hf_llama.py): each architecture's
+for the torch-spelled dynamic-FP8 (per token, 1×128) or MXFP4 linear, as for Llama (test_hf_llama.py): each architecture's
 own RMSNorm spelling (Gemma's `(1 + w)`, Qwen2's and Mistral's Llama form) fuses with the quant
 in every decoder layer, and the logits match."""
 
@@ -29,8 +29,9 @@ class Logits(torch.nn.Module):
         return self.inner(input_ids=ids, use_cache=False).logits
 
 
+@pytest.mark.parametrize("quant", ["fp8_rowwise", "fp8_block", "mxfp4"])
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
-def test_decoder_norms_fuse_and_logits_match(name, reference_path):
+def test_decoder_norms_fuse_and_logits_match(name, quant, reference_path):
     config_name, model_name, extra = ARCHITECTURES[name]
     if not hasattr(transformers, model_name):
         pytest.skip(f"transformers {transformers.__version__} has no {model_name}")
@@ -40,7 +41,7 @@ def test_decoder_norms_fuse_and_logits_match(name, reference_path):
         rms_norm_eps=1e-6, **extra,
     )  # fmt: skip
     model = getattr(transformers, model_name)(cfg).to(torch.bfloat16).eval()
-    wrapped = Logits(quantize_linears(model, "fp8_rowwise"))
+    wrapped = Logits(quantize_linears(model, quant))
     input_ids = torch.randint(0, 128, (2, 12))
     with torch.no_grad():
         fused = fxfuse.apply_fusions(wrapped, (input_ids,))
