@@ -1,7 +1,7 @@
 """Other HF transformers decoders (tiny configs, random weights) with their Linear layers swapped
-for the torch-spelled dynamic-FP8 (per token, 1×128) or MXFP4 linear, as for Llama (test_hf_llama.py): each architecture's
-own RMSNorm spelling (Gemma's `(1 + w)`, Qwen2's and Mistral's Llama form) fuses with the quant
-in every decoder layer, and the logits match."""
+for the torch-spelled dynamic-FP8 (per token, 1×128) or MXFP4 linear, as for Llama
+(test_hf_llama.py): each architecture's own RMSNorm spelling (Gemma's `(1 + w)`, Qwen2's and
+Mistral's Llama form) fuses with the quant in every decoder layer, and the logits match."""
 
 import pytest
 import torch
