@@ -27,3 +27,14 @@ def assert_kv_b_feeds_only_split_cat(gm, layers: int, op: str = "gemm_split_cat"
         suffix = f"layers.{layer}.self_attn.kv_b_proj.weight"
         weight = next(n for n in gm.graph.nodes if n.op == "get_attr" and n.target.endswith(suffix))
         assert [str(u.target) for u in weight.users] == [f"fxfuse.{op}.default"], layer
+
+
+class Logits(torch.nn.Module):
+    """An HF causal LM as a module of the token ids alone, returning its logits (no cache)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, ids):
+        return self.inner(input_ids=ids, use_cache=False).logits

@@ -10,7 +10,7 @@ import torch
 
 import fxfuse
 from fxfuse.models.hf import FP8BlockLinear, MXFP4Linear, patch_quantized_linears
-from tests.helpers import fused_targets
+from tests.helpers import Logits, fused_targets
 
 transformers = pytest.importorskip("transformers")
 finegrained_fp8 = pytest.importorskip("transformers.integrations.finegrained_fp8")
@@ -74,15 +74,6 @@ def _to_fp8_linears(module: torch.nn.Module, skip=("lm_head",)) -> int:
     return converted
 
 
-class _Logits(torch.nn.Module):
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, ids):
-        return self.inner(input_ids=ids, use_cache=False).logits
-
-
 def _tiny_fp8_llama(layers=2):
     # hidden 128, head_dim 32, 2 KV heads: k_proj / v_proj have N = 64, one partial scale row.
     cfg = transformers.LlamaConfig(
@@ -101,7 +92,7 @@ def test_fp8_llama_patched_fuses_and_logits_match(reference_path, monkeypatch):
     model = _tiny_fp8_llama(layers)
     fp8_modules = {n: m for n, m in model.named_modules() if type(m) is FP8Linear}
     input_ids = torch.randint(0, 128, (2, 12))
-    wrapped = _Logits(model)
+    wrapped = Logits(model)
     with torch.no_grad(), monkeypatch.context() as patch:
         patch.setattr(FP8Linear, "forward", _float64_fp8_forward)
         want = wrapped(input_ids)

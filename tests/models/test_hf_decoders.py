@@ -8,6 +8,7 @@ import torch
 
 import fxfuse
 from fxfuse.models.quant_linear import quantize_linears
+from tests.helpers import Logits
 
 transformers = pytest.importorskip("transformers")
 
@@ -18,15 +19,6 @@ ARCHITECTURES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"head_dim": 64}),
 }
-
-
-class Logits(torch.nn.Module):
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, ids):
-        return self.inner(input_ids=ids, use_cache=False).logits
 
 
 @pytest.mark.parametrize("quant", ["fp8_rowwise", "fp8_block", "mxfp4"])

@@ -8,7 +8,7 @@ import torch
 
 import fxfuse
 from fxfuse.models.quant_linear import quantize_linears
-from tests.helpers import assert_kv_b_feeds_only_split_cat
+from tests.helpers import Logits, assert_kv_b_feeds_only_split_cat
 
 transformers = pytest.importorskip("transformers")
 LAYERS = 2
@@ -27,15 +27,6 @@ def _tiny_deepseek(attn: str, q_lora_rank: int = 48):
     cfg._attn_implementation = attn
     torch.manual_seed(0)
     return transformers.DeepseekV3ForCausalLM(cfg).to(torch.bfloat16).eval()
-
-
-class Logits(torch.nn.Module):
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, ids):
-        return self.inner(input_ids=ids, use_cache=False).logits
 
 
 def _fuse_and_run(attn: str, quant: str | None = None):

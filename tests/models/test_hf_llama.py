@@ -6,6 +6,7 @@ import torch
 
 import fxfuse
 from fxfuse.models.quant_linear import quantize_linears
+from tests.helpers import Logits
 
 transformers = pytest.importorskip("transformers")
 
@@ -27,14 +28,6 @@ def test_llama_norms_fuse_and_logits_match(quant, reference_path):
     layers = 2
     model = _tiny_llama(quant, layers)
     input_ids = torch.randint(0, 128, (2, 12))
-
-    class Logits(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, ids):
-            return self.inner(input_ids=ids, use_cache=False).logits
 
     wrapped = Logits(model)
     with torch.no_grad():
