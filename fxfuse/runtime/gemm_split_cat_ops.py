@@ -192,14 +192,22 @@ def _quantized_n(kind: str, q, x_scale, w, w_scale, out_dtype) -> tuple[int, str
     return n, kind
 
 
-def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
-    """(out, c2) of the split-cat (y given) or the pieces of the split (y None)."""
-    q, w = gemm[0], gemm[2]
+def _check_quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
+    """(N, scale kind) of a quantized split-cat (y given) or split (y None), every argument
+    checked (the ops and their fakes alike)."""
+    q = gemm[0]
     n, scales = _quantized_n(kind, *gemm, out_dtype)
     if y is None:
         ref.check_sizes(n, d, widths)
     else:
         ref.check_cat_args(q.shape[0], n, out_dtype, q.device, d, *widths, y, "q")
+    return n, scales
+
+
+def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
+    """(out, c2) of the split-cat (y given) or the pieces of the split (y None)."""
+    q, w = gemm[0], gemm[2]
+    _, scales = _check_quantized(kind, gemm, out_dtype, d, widths, y)
     kernels, layout = None, {}
     if kind == "mxfp4" and use_triton(q, w):
         kernels, layout = (
@@ -242,11 +250,9 @@ def _fp8_head_tiles_take(q: torch.Tensor) -> bool:
 
 def _quantized_fake(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
     q = gemm[0]
-    n, _ = _quantized_n(kind, *gemm, out_dtype)
+    n, _ = _check_quantized(kind, gemm, out_dtype, d, widths, y)
     if y is None:
-        ref.check_sizes(n, d, widths)
         return [q.new_empty((q.shape[0], d, size), dtype=out_dtype) for size in widths]
-    ref.check_cat_args(q.shape[0], n, out_dtype, q.device, d, *widths, y, "q")
     c = y.new_empty((q.shape[0], n))
     return y.new_empty((q.shape[0], d, widths[0] + y.shape[2])), ref.split_cat_c2(c, d, *widths)
 
