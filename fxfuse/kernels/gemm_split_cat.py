@@ -578,7 +578,8 @@ def _copy_columns(
     for j in tl.static_range(triton.cdiv(WIDTH, BLOCK_C)):
         cols = j * BLOCK_C + tl.arange(0, BLOCK_C)
         mask = row_ok[:, None] & (cols < WIDTH)[None, :]
-        v = tl.load(src_ptr + src_rows[:, None] + cols[None, :] * src_cols, mask=mask)
+        src = src_ptr + src_rows[:, None] + cols[None, :].to(tl.int64) * src_cols
+        v = tl.load(src, mask=mask)
         tl.store(dst_ptr + dst_rows[:, None] + cols[None, :], v, mask=mask)
 
 
