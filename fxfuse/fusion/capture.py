@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import warnings
 
 import torch
@@ -46,8 +47,48 @@ def apply_fusions(
         gm = exported.module()
     else:
         raise ValueError(f"model: expected an nn.Module or fx.GraphModule, got {type(model).__name__}")
+    inline_no_grad_regions(gm)
     gm.fxfuse_report = run_passes(gm, config)
     return gm
+
+
+def inline_no_grad_regions(gm: fx.GraphModule) -> int:
+    """Inlines the `wrap_with_set_grad_enabled(False, body, ...)` calls of an exported graph and
+    returns how many. torch.export wraps the code a model runs under `torch.no_grad()` (HF's
+    DeepSeek-V3.2 indexer, say: its top-k) in such a call when the export itself runs with grad
+    enabled, and the patterns would not see across it. Inlined, the region's values are the
+    same; only autograd, which fused graphs do not serve, would record it. Regions that enable
+    grad, and bodies holding attributes of their own, stay as they are."""
+    hop = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+    graph, inlined = gm.graph, 0
+    for node in list(graph.nodes):
+        if hop is None or node.op != "call_function" or node.target is not hop:
+            continue
+        enabled, body_attr, *operands = node.args
+        if enabled is not False or node.kwargs or body_attr.op != "get_attr":
+            continue
+        body = getattr(gm, body_attr.target)
+        inline_no_grad_regions(body)  # nested regions first
+        inputs = [n for n in body.graph.nodes if n.op == "placeholder"]
+        if (
+            len(inputs) != len(operands)
+            or any(n.op in ("get_attr", "call_module") for n in body.graph.nodes)
+            or any(u.target is not operator.getitem for u in node.users)
+        ):
+            continue
+        with graph.inserting_before(node):
+            outputs = graph.graph_copy(body.graph, dict(zip(inputs, operands)))
+        for user in list(node.users):
+            user.replace_all_uses_with(outputs[user.args[1]])
+            graph.erase_node(user)
+        graph.erase_node(node)
+        if not body_attr.users:
+            graph.erase_node(body_attr)
+            gm.delete_submodule(body_attr.target)
+        inlined += 1
+    if inlined:
+        gm.recompile()
+    return inlined
 
 
 def _warn_aliased(example_inputs: tuple) -> None:

@@ -44,6 +44,7 @@ from fxfuse.patterns.matcher import (
     Match,
     Op,
     Pat,
+    cast_source,
     match_at,
     normalized_args,
     same_value,
@@ -429,7 +430,9 @@ def _topk_indices(scores: Pat) -> Pat:
     topk = Op(aten.topk.default, scores, Lit("k"), Lit("dim"), Lit("largest"), Lit("sorted"),
               name="topk")  # fmt: skip
     indices = Alt(Getitem(topk, 1), _sorted_prefix(scores))
-    return Alt(Cast(indices), indices, name="idx")
+    # Up to two casts: HF's DeepSeek-V3.2 takes `.to(torch.int32)` and scatters `.long()` of it
+    # (`_check_topk` rejects a cast that does not hold every index).
+    return Alt(Cast(Cast(indices)), Cast(indices), indices, name="idx")
 
 
 class _Checked(Pat):
@@ -572,7 +575,20 @@ def _causal_bias(b: dict) -> dict | None:
 
 # Scores, optionally masked past each row's length: masked_fill(scores, cols >= n, -inf), or a
 # causal -inf bias added to them.
-_masked_scores = _fill(Any("scores"), _leaf, Const("score_fill"), "score_masking")
+def _length_masked(b: dict) -> dict | None:
+    """{} where the masking fill's condition is a length test (index >= n); else None, and the
+    masked scores are plain scores (a causal or padding mask of any shape: the fill is a score
+    like any other, what it ranks as is what the graph computes)."""
+    scores = val(b["scores"])
+    length = static_int(scores.shape[-1]) if isinstance(scores, torch.Tensor) else None
+    if length is None or isinstance(_filled_past(b, "score_masking", _index_of(length)), str):
+        return None
+    return {}
+
+
+_masked_scores = _Checked(
+    _fill(Any("scores"), _leaf, Const("score_fill"), "score_masking"), _length_masked
+)
 _bias = _fill(Any("bias_base"), _leaf, Const("bias_fill"), "causal")
 _biased_scores = _Checked(
     Op(aten.add.Tensor, Any("scores"), _bias, commutative=True, alpha=Lit("bias_alpha"),
@@ -607,6 +623,19 @@ def _check_topk(m: Match, scores, min_dims: int = 2, max_dims: int = 8) -> str |
         return "the row length L is symbolic"
     if k > length:
         return f"k = {k} exceeds the row length {length}"
+    return _lossy_index_cast(m.get("idx"), length)
+
+
+def _lossy_index_cast(idx, length: int) -> str | None:
+    """Why a cast on the indices' way from the top-k changes them (a float, an unsigned or a too
+    narrow integer: the padding is -1 and indices reach length - 1), or None."""
+    node, dtype = cast_source(idx)
+    while dtype is not None:
+        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool or (
+            not torch.iinfo(dtype).min < 0 or torch.iinfo(dtype).max < length - 1
+        ):
+            return f"the indices are cast to {dtype}, which does not hold 0 .. {length - 1} and -1"
+        node, dtype = cast_source(node)
     return None
 
 

@@ -611,6 +611,15 @@ def deepseek_hf_bool(index_scores, k=K):
     )
 
 
+def deepseek_hf_v32_int32(index_scores, k=K):
+    """HF DeepSeek-V3.2 as transformers 5 writes it: the indexer returns int32 indices, the
+    attention makes the mask from them (`new_ones` of the int32 tensor) and scatters `.long()`."""
+    topk_indices = index_scores.topk(k, dim=-1).indices.to(torch.int32)
+    b, s, t = index_scores.shape
+    return topk_indices.new_ones((b, s, t), dtype=torch.bool).scatter(-1, topk_indices.long(),
+                                                                     False)  # fmt: skip
+
+
 def deepseek_official_additive(index_score, k=K):
     """DeepSeek-V3.2's inference model.py: full(-inf).scatter_(-1, topk_indices, 0)."""
     bsz, seqlen, end = index_score.shape
@@ -663,6 +672,8 @@ MASK_SPELLINGS = {
     # name: (fn, needs lengths, scores shape, block, selected value, the SPEC reference)
     "deepseek_hf_bool": (deepseek_hf_bool, False, (2, 3, 40), 1, False,
                          lambda s, n: topk_ref.topk_mask_ref(s, K, None, "bool")),
+    "deepseek_hf_v32_int32": (deepseek_hf_v32_int32, False, (2, 3, 40), 1, False,
+                              lambda s, n: topk_ref.topk_mask_ref(s, K, None, "bool")),
     "deepseek_official_additive": (deepseek_official_additive, False, (2, 3, 40), 1, 0.0,
                                    lambda s, n: topk_ref.topk_mask_ref(s, K, None, "additive")),
     "keep_mask_expanded": (keep_mask_expanded, False, (5, 40), 4, True,
@@ -726,7 +737,8 @@ def test_mask_spelling_fires(name, ir, reference_path):
     _assert_fired(report, ops, "topk_mask", "fxfuse.topk_mask")
     expected = fn(*args)
     _check_mask(name, args, out, expected)
-    if name in ("deepseek_hf_bool", "deepseek_official_additive", "keep_mask_expanded"):
+    if name in ("deepseek_hf_bool", "deepseek_hf_v32_int32", "deepseek_official_additive",
+                "keep_mask_expanded"):
         assert torch.equal(out, expected)  # random scores, no ties: exactly the unfused mask
 
 
@@ -780,6 +792,33 @@ def test_hf_minimax_m3_indexer(ir, reference_path):
     assert torch.equal(out, hf_minimax_m3_block_bias(*args))
 
 
+def hf_v32_sdpa_masked(index_scores, keep, k=K):
+    """HF DeepSeek-V3.2 under SDPA: the scores masked by the boolean attention mask (any
+    pattern, not a length test), then top-k → mask."""
+    index_scores = index_scores.masked_fill(~keep, NEG_INF)
+    idx = index_scores.topk(k, dim=-1).indices.to(torch.int32)
+    return idx.new_ones(index_scores.shape, dtype=torch.bool).scatter(-1, idx.long(), False)
+
+
+@pytest.mark.parametrize("ir", ["export", "compile"])
+def test_mask_over_scores_masked_by_any_bool_mask(ir, reference_path):
+    scores = torch.randn(2, 6, 40)
+    keep = torch.rand(2, 6, 40) < 0.5  # rows with fewer than k kept keys pick masked ones
+    keep[0, 0] = False
+    out, report, ops = _fuse(hf_v32_sdpa_masked, (scores, keep), ir)
+    _assert_fired(report, ops, "topk_mask", "fxfuse.topk_mask")
+    masked = scores.masked_fill(~keep, NEG_INF).reshape(-1, 40)
+    assert torch.equal(out.reshape(-1, 40), topk_ref.topk_mask_ref(masked, K, None, "bool"))
+    # against the unfused mask: the same scores selected, up to equal (-inf) ones
+    expected = hf_v32_sdpa_masked(scores, keep).reshape(-1, 40)
+    idx = torch.arange(40).expand(12, 40)
+
+    def pick(mask):
+        return torch.where(~mask, idx, -1).sort(1, descending=True).values[:, :K]
+
+    assert _same_up_to_ties(masked, pick(out.reshape(-1, 40)), pick(expected))
+
+
 def scattered_along_rows(scores, k=K):
     idx = scores.topk(k, dim=-1).indices  # (40, k) column ids, scattered as row ids
     return torch.ones(scores.shape, dtype=torch.bool).scatter(0, idx, False)
@@ -795,6 +834,17 @@ def repeated_along_rows(scores, k=K):
     return torch.full(scores.shape, NEG_INF).scatter(-1, idx, 0.0).repeat_interleave(2, dim=0)
 
 
+def rounded_indices(scores, k=K):
+    """Indices through bf16 and back: past 256 odd columns round to even ones."""
+    idx = scores.topk(k, dim=-1).indices.to(torch.bfloat16).long()
+    return torch.ones(scores.shape, dtype=torch.bool).scatter(-1, idx, False)
+
+
+def narrowed_no_wrap(scores, k=K):
+    idx = scores.topk(k, dim=-1).indices.to(torch.int8).long()
+    return torch.ones(scores.shape, dtype=torch.bool).scatter(-1, idx, False)
+
+
 @pytest.mark.parametrize(
     "fn,reason",
     [
@@ -805,6 +855,40 @@ def repeated_along_rows(scores, k=K):
 )
 def test_mask_near_misses(fn, reason, reference_path):
     _assert_not_fired(fn, (torch.randn(40, 40),), "topk_mask", reason)
+
+
+def test_lossy_index_cast_does_not_fire(reference_path):
+    # Rows of 40: int8 holds every index, so the round trip fires.
+    out, report, ops = _fuse(narrowed_no_wrap, (torch.randn(6, 40),), "export")
+    _assert_fired(report, ops, "topk_mask", "fxfuse.topk_mask")
+    # Rows of 300, the top-k at columns 290-297: bf16 rounds half of them to their neighbours.
+    scores = torch.arange(300.0).repeat(6, 1) + torch.rand(6, 300)
+    scores[:, 298:] = -1.0
+    assert not torch.equal(rounded_indices(scores), deepseek_hf_bool(scores[:, None])[:, 0])
+    _assert_not_fired(rounded_indices, (scores,), "topk_mask", "cast to torch.bfloat16")
+
+
+class NoGradIndexer(nn.Module):
+    """The top-k under `torch.no_grad()` in a method, as HF's DeepSeek-V3.2 indexer has it:
+    torch.export wraps it in a `wrap_with_set_grad_enabled` call when grad is on."""
+
+    @torch.no_grad()
+    def select(self, scores):
+        return scores.topk(K, dim=-1).indices.to(torch.int32)
+
+    def forward(self, scores):
+        idx = self.select(scores * 2)
+        return idx.new_ones(scores.shape, dtype=torch.bool).scatter(-1, idx.long(), False)
+
+
+def test_no_grad_region_is_inlined_and_fuses(reference_path):
+    scores = torch.randn(3, 40)
+    assert torch.is_grad_enabled()
+    fused = fxfuse.apply_fusions(NoGradIndexer(), (scores,))
+    assert not any("wrap_with_set_grad_enabled" in str(n.target) for n in fused.graph.nodes)
+    out, ops = _run_ops(fused, (scores,))
+    _assert_fired(fused.fxfuse_report, " ".join(ops), "topk_mask", "fxfuse.topk_mask")
+    assert torch.equal(out, NoGradIndexer()(scores))
 
 
 def causal_bias_mask(scores, k=K, diagonal=0, offset=0):

@@ -1,0 +1,72 @@
+"""HF transformers DeepSeek-V3.2 and GLM-5 (`glm_moe_dsa`), the DSA models (tiny configs, random
+weights, never downloaded): in every layer the indexer's top-k → boolean mask becomes one
+`fxfuse.topk_mask` and kv_b's GEMM → split → cat one `fxfuse.gemm_split_cat`, and the logits
+match. The indexer runs under `torch.no_grad()` and casts its indices to int32 and back; the
+capture is made with grad on, as a user would call `apply_fusions`."""
+
+import pytest
+import torch
+
+import fxfuse
+from tests.helpers import Logits, assert_kv_b_feeds_only_split_cat, fused_targets
+
+transformers = pytest.importorskip("transformers")
+LAYERS = 2
+TOPK = 4  # of 7 keys a sequence: rows 0-3 (causal) keep every visible key and masked ones
+
+
+def _tiny(name: str, attn: str):
+    # 4 heads of qk_nope 16 | v 16 from a 32-wide latent, rope 8; an indexer of 4 heads of 16.
+    common = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=4,
+        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=LAYERS, q_lora_rank=48, kv_lora_rank=32, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=64, index_topk=TOPK,
+        index_head_dim=16, index_n_heads=4,
+    )  # fmt: skip
+    if name == "deepseek_v32":
+        cfg = transformers.DeepseekV32Config(**common, head_dim=8)
+        cls = transformers.DeepseekV32ForCausalLM
+    else:  # every layer runs its own indexer ("full"), none reuses the previous one's mask
+        cfg = transformers.GlmMoeDsaConfig(**common, indexer_types=["full"] * LAYERS)
+        cls = transformers.GlmMoeDsaForCausalLM
+    cfg._attn_implementation = attn
+    torch.manual_seed(0)
+    return Logits(cls(cfg).to(torch.bfloat16).eval())
+
+
+def _fuse(name: str, attn: str):
+    model = _tiny(name, attn)
+    ids = torch.randint(0, 128, (2, 7))
+    fused = fxfuse.apply_fusions(model, (ids,))  # grad on: the indexer's no_grad region
+    with torch.no_grad():
+        return fused, fused(ids), model(ids)
+
+
+def _check_every_layer(fused) -> None:
+    counts = fused.fxfuse_report.counts
+    assert counts["topk_mask"] == LAYERS, str(fused.fxfuse_report)
+    assert counts["gemm_split_cat"] == LAYERS, str(fused.fxfuse_report)
+    assert fused_targets(fused).count("fxfuse.topk_mask.default") == LAYERS
+    assert not any(n.target is torch.ops.aten.topk.default for n in fused.graph.nodes)
+    assert_kv_b_feeds_only_split_cat(fused, LAYERS)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("name", ["deepseek_v32", "glm_moe_dsa"])
+def test_indexer_mask_and_kv_b_fuse_and_logits_match(name, attn, reference_path):
+    fused, got, want = _fuse(name, attn)
+    _check_every_layer(fused)
+    # The reference ops are the unfused spelling: the same bytes (the rows that keep masked
+    # keys pick them among equal scores, and the causal mask drops them either way).
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["deepseek_v32", "glm_moe_dsa"])
+def test_kernels_in_interpreter_logits_match(name):
+    fused, got, want = _fuse(name, "eager")
+    _check_every_layer(fused)
+    rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    assert rel <= 1e-2
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.99
