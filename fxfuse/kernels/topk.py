@@ -402,7 +402,7 @@ def _finish(
     EPILOGUE: tl.constexpr, SORT: tl.constexpr, HAS_ROW_TO_BATCH: tl.constexpr,
     LOG2_PAGE: tl.constexpr, LOG2_BLOCK: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr, MASK_REPEAT: tl.constexpr, MASK_SELECTED: tl.constexpr,
-    K_PAD: tl.constexpr,
+    K_PAD: tl.constexpr, MASK_FINITE: tl.constexpr = False,
 ):
     tl.debug_barrier()  # the selected slots were written by other threads
     offs = tl.arange(0, K_PAD)
@@ -450,9 +450,12 @@ def _finish(
         REPEAT_PAD: tl.constexpr = triton.next_power_of_2(MASK_REPEAT)
         j = tl.arange(0, REPEAT_PAD)[None, :]
         selected = tl.full((K_PAD, REPEAT_PAD), MASK_SELECTED, out_ptr.dtype.element_ty)
+        marked = valid
+        if MASK_FINITE:  # a selected -inf (or NaN) score stays masked
+            marked = marked & (key != NEG_INF_KEY)
         tl.store(
             out_row + idx[:, None] * MASK_REPEAT + j, selected,
-            mask=valid[:, None] & (j < MASK_REPEAT),
+            mask=marked[:, None] & (j < MASK_REPEAT),
         )
     elif EPILOGUE == EPI_PAIRS:
         # STAGE_SEGMENT: k slots per (row, segment) at item·k of the pair area (offset 0).
@@ -486,7 +489,7 @@ def _tile_row(
     stride_or, keys_ptr, idx_ptr, out_slots,
     LENGTHS: tl.constexpr, EPILOGUE: tl.constexpr, MASK_REPEAT: tl.constexpr,
     MASK_FILL: tl.constexpr, MASK_SELECTED: tl.constexpr, T: tl.constexpr, T_BITS: tl.constexpr,
-    RADIX_BITS: tl.constexpr, SELECT: tl.constexpr,
+    RADIX_BITS: tl.constexpr, SELECT: tl.constexpr, MASK_FINITE: tl.constexpr = False,
 ):
     """A row's first T columns as one register tile (n <= T, or a masked row whose top k lie in
     them): its keys, the exact select, and the mask columns [0, T) or the selected pairs in the
@@ -508,7 +511,10 @@ def _tile_row(
     else:
         take = _take_top(key, offs, valid, n, k, T_BITS, 0, RADIX_BITS, SELECT, False)
     if EPILOGUE == EPI_MASK:
-        # The mask row written once, densely: selected or masked per column (no _finish).
+        # The mask row written once, densely: selected or masked per column (no _finish); with
+        # MASK_FINITE a selected -inf (or NaN) score stays masked.
+        if MASK_FINITE:
+            take = take & (key != NEG_INF_KEY)
         _mask_columns(out_ptr, row64, stride_or, offs, take, length, MASK_REPEAT, MASK_FILL,
                       MASK_SELECTED)  # fmt: skip
     else:
@@ -531,7 +537,7 @@ def _topk_kernel(
     HAS_ROW_TO_BATCH: tl.constexpr, EPILOGUE: tl.constexpr, SORT: tl.constexpr,
     LOG2_PAGE: tl.constexpr, LOG2_BLOCK: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr, MASK_REPEAT: tl.constexpr, MASK_FILL: tl.constexpr,
-    MASK_SELECTED: tl.constexpr,
+    MASK_SELECTED: tl.constexpr, MASK_FINITE: tl.constexpr,
     # meta-parameters
     BLOCK: tl.constexpr, CAP: tl.constexpr, K_PAD: tl.constexpr, RADIX_BITS: tl.constexpr,
     TILE: tl.constexpr, TILE_BITS: tl.constexpr, SELECT: tl.constexpr,
@@ -586,7 +592,7 @@ def _topk_kernel(
                     scores_ptr, row_off, stride_sl, n, n_load, k, last, n_init, n_local, row64,
                     length, out_ptr, stride_or, keys_ptr, idx_ptr, out_slots,
                     LENGTHS, EPILOGUE, MASK_REPEAT, MASK_FILL, MASK_SELECTED, HALF,
-                    TILE_BITS - 1, RADIX_BITS, SELECT,
+                    TILE_BITS - 1, RADIX_BITS, SELECT, MASK_FINITE,
                 )
                 if EPILOGUE == EPI_MASK:
                     # The columns past the half tile: the masked tail, never selected.
@@ -598,7 +604,7 @@ def _topk_kernel(
                     scores_ptr, row_off, stride_sl, n, n_load, k, last, n_init, n_local, row64,
                     length, out_ptr, stride_or, keys_ptr, idx_ptr, out_slots,
                     LENGTHS, EPILOGUE, MASK_REPEAT, MASK_FILL, MASK_SELECTED, TILE,
-                    TILE_BITS, RADIX_BITS, SELECT,
+                    TILE_BITS, RADIX_BITS, SELECT, MASK_FINITE,
                 )
             n_sel = tl.minimum(n, k)
         else:
@@ -638,7 +644,7 @@ def _topk_kernel(
                 out_ptr, pages_ptr, ctx_ptr, page_table_ptr, row_to_batch_ptr, pt_cols,
                 stride_or, stride_pr, stride_ptb, stride_ptp,
                 EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, LOG2_BLOCK, PAGES_PER_BLOCK,
-                NUM_KV_HEADS, MASK_REPEAT, MASK_SELECTED, K_PAD,
+                NUM_KV_HEADS, MASK_REPEAT, MASK_SELECTED, K_PAD, MASK_FINITE,
             )
         item += num_programs
 
@@ -1539,7 +1545,7 @@ def _launch(
     scores, k, out, *, epilogue, sort, lengths=None, row_starts=None, positions=None,
     pad=-1, page_table=None, page_size=1, row_to_batch=None, block_size=128, n_init=0,
     n_local=0, pages_per_block=0, num_kv_heads=1, pages=None, ctx=None, mask_repeat=1,
-    mask_fill=1, mask_selected=0, masked_tail=False,
+    mask_fill=1, mask_selected=0, masked_tail=False, mask_finite=False,
     config=None, target=None, path=None,
 ):  # fmt: skip
     """Check the config, pick the path, allocate scratch, launch. Returns the multi-program
@@ -1600,6 +1606,7 @@ def _launch(
         "MASK_REPEAT": mask_repeat,
         "MASK_FILL": mask_fill,
         "MASK_SELECTED": mask_selected,
+        "MASK_FINITE": mask_finite,
         "BLOCK": block,
         "K_PAD": k_pad,
         "RADIX_BITS": radix,
@@ -1932,6 +1939,7 @@ def topk_mask(
     masked_value: bool | float | None = None,
     selected_value: bool | float | None = None,
     masked_tail: bool = False,
+    finite_only: bool = False,
     config: dict | None = None,
     target: str | None = None,
 ) -> torch.Tensor:
@@ -1939,7 +1947,8 @@ def topk_mask(
     has the contract): kind "bool" True where masked out, "keep" True where selected, "additive"
     0 where selected and -inf elsewhere in `dtype` (default scores.dtype); masked_value /
     selected_value override the kind's two values. masked_tail: columns past lengths[r] are
-    -inf candidates (the graph masked the scores) instead of absent."""
+    -inf candidates (the graph masked the scores) instead of absent. finite_only: a selected
+    column whose score is -inf (or NaN) stays masked (the graph padded such picks)."""
     _check_scores("scores", scores)
     _check_k(k)
     rows, length = scores.shape
@@ -1951,10 +1960,13 @@ def topk_mask(
     )
     if masked_tail and lengths is None:
         raise ValueError("masked_tail: needs lengths")
+    if not isinstance(finite_only, bool):
+        raise ValueError(f"finite_only: expected a bool, got {finite_only!r}")
     if _use_reference(scores.device):
         return topk_ref.topk_mask_ref(
-            scores, k, lengths, kind, block_size, dtype, masked_value, selected_value, masked_tail
-        )
+            scores, k, lengths, kind, block_size, dtype, masked_value, selected_value,
+            masked_tail, finite_only,
+        )  # fmt: skip
     width = length * block_size
     mask = torch.empty((rows, width), dtype=dtype, device=scores.device)
     # The kernel stores the two values' bit patterns through an integer view: no float
@@ -1968,6 +1980,6 @@ def topk_mask(
         _launch(
             scores, k, out, epilogue=EPI_MASK.value, sort=SORT_NONE.value, lengths=lengths,
             mask_repeat=block_size, mask_fill=fill, mask_selected=selected,
-            masked_tail=masked_tail, config=config, target=target,
+            masked_tail=masked_tail, mask_finite=finite_only, config=config, target=target,
         )  # fmt: skip
     return mask

@@ -253,6 +253,7 @@ def topk_mask_ref(
     masked_value: bool | float | None = None,
     selected_value: bool | float | None = None,
     masked_tail: bool = False,
+    finite_only: bool = False,
 ) -> torch.Tensor:
     """The top-k indices scattered into a mask over the row's columns, (R, L·block_size).
 
@@ -264,6 +265,8 @@ def topk_mask_ref(
     Then `repeat_interleave(block_size, -1)` back to key level.
     masked_tail=True: the row is all L columns and columns from lengths[r] on rank as -inf,
     as after `scores.masked_fill(cols >= lengths[:, None], -inf)`: a short row still selects k.
+    finite_only=True: a selected column whose score ranks as -inf (-inf or NaN) stays masked, as
+    after `idx.masked_fill(values == -inf, -1)` sent to the throwaway column (MiniMax-M3, HF).
     """
     num_rows, length = scores.shape
     dtype, masked_value, selected_value = mask_values(
@@ -276,6 +279,9 @@ def topk_mask_ref(
         real = cols[None, :] < lengths.to(torch.int64)[:, None]
         scores, lengths = torch.where(real, scores.float(), float("-inf")), None
     idx = topk_indices_ref(scores, k, lengths).to(torch.int64)
+    if finite_only:
+        picked = scores.float().gather(1, idx.clamp(min=0))
+        idx = torch.where((picked == float("-inf")) | picked.isnan(), -1, idx)
     safe_idx = torch.where(idx >= 0, idx, length)  # padding -> the throwaway column
     mask = torch.full((num_rows, length + 1), masked_value, dtype=dtype, device=scores.device)
     mask = mask.scatter_(-1, safe_idx, selected_value)[:, :length]

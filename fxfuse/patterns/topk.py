@@ -870,8 +870,23 @@ def _scatter(indices: Pat) -> Pat:
               Const("selected_value"), name="scatter")  # fmt: skip
 
 
+def _score_is_neg_inf(name: str) -> Pat:
+    """`values == -inf` (or `values.isneginf()`) of the top-k's own values; the guard checks the
+    top-k is the indices' and the value -inf."""
+    values = Getitem(Any("topk"), 0)
+    return Alt(
+        Op((aten.eq.Scalar, aten.eq.Tensor), values, Const("pad_score"), commutative=True),
+        Op(aten.isneginf.default, values),
+        name=name,
+    )  # fmt: skip
+
+
+# The picks of -inf scores padded (MiniMax-M3 in HF: `idx.masked_fill(values == -inf, -1)`).
+_mask_idx = Alt(
+    _fill(_idx, _score_is_neg_inf, Const("idx_fill"), "value_masking"), _idx_checked, name="idx_v"
+)
 # Padding sent to a throwaway column L (where(idx < 0, L, idx)), which is then sliced off.
-_to_throwaway = _fill(_idx_checked, _test_of("idx_m"), Const("throwaway"), "throwaway_op")
+_to_throwaway = _fill(_mask_idx, _test_of("idx_v"), Const("throwaway"), "throwaway_op")
 _sliced = Alt(
     Op(aten.slice.Tensor, _scatter(_to_throwaway), Lit("slice_dim"), Lit("slice_start"),
        Lit("slice_end"), Lit("slice_step"), name="drop_column"),
@@ -891,7 +906,12 @@ def _repeat_last(x: Pat) -> Pat:
     )  # fmt: skip
 
 
-_repeated = Alt(_repeat_last(_sliced), _sliced)
+# `mask == v` / `mask != v`: the mask's two values compared to a constant, a boolean mask (HF
+# MiniMax-M3's `(bias == 0.0)` keep mask).
+_compared = Alt(
+    Op((aten.eq.Scalar, aten.ne.Scalar), _sliced, Const("compare_value"), name="compare"), _sliced
+)
+_repeated = Alt(_repeat_last(_compared), _compared)
 MASK = Alt(Cast(_repeated, "out_dtype"), _repeated)
 
 
@@ -936,16 +956,20 @@ def _mask_values(m: Match) -> tuple[torch.dtype, float, float] | str:
         masked = m["masked_value"]
     selected = m["selected_value"]
     out_dtype = m.get("out_dtype")
+    compare = m.get("compare")
     values = []
     for v in (masked, selected):
         try:
             t = torch.tensor(v).to(dtype)
+            if compare is not None:
+                t = t == m["compare_value"] if compare.target is aten.eq.Scalar else (
+                    t != m["compare_value"])  # fmt: skip
             if out_dtype is not None:
                 t = t.to(out_dtype)
         except (RuntimeError, TypeError):
             return f"mask value {v!r}"
         values.append(float(t.float()))
-    final = out_dtype or dtype
+    final = out_dtype or (torch.bool if compare is not None else dtype)
     if final != torch.bool and final not in FLOAT_DTYPES:
         return f"a {final} mask"
     return final, values[0], values[1]
@@ -972,9 +996,9 @@ def mask_guard(m: Match, ctx) -> str | None:
             return "the throwaway column is not sliced off"
         if m["slice_start"] not in (0, None) or m["slice_end"] != length or m["slice_step"] != 1:
             return "the throwaway column is not sliced off exactly"
-        if m.get("idx_masking") is None:
+        if m.get("idx_masking") is None and m.get("value_masking") is None:
             return "the indices carry no padding for the throwaway column"
-        reason = _negativity(m, "throwaway_op", "idx_m", m["idx_fill"])
+        reason = _negativity(m, "throwaway_op", "idx_v", m["idx_fill"]) or _value_padding(m)
         if reason:
             return f"throwaway column: {reason}"
     lengths = _score_lengths(m)
@@ -999,6 +1023,29 @@ def mask_guard(m: Match, ctx) -> str | None:
     return None
 
 
+def _value_padding(m: Match) -> str | None:
+    """Why the picks padded by their score are not exactly the -inf ones of this top-k, or None."""
+    if m.get("value_masking") is None:
+        return None
+    topk = m["topk"]
+    source = _strip(m["idx"], CASTS)
+    own = (
+        isinstance(topk, fx.Node)
+        and topk.target is aten.topk.default
+        and source.target is operator.getitem
+        and source.args == (topk, 1)
+    )
+    if not own:
+        return "the indices are padded by the values of another top-k"
+    pad_score = m.get("pad_score", -math.inf)
+    if not (isinstance(pad_score, float) and pad_score == -math.inf):
+        return f"the indices are padded where the score is {pad_score!r}, not -inf"
+    fill = m["idx_fill"]
+    if not isinstance(fill, int) or isinstance(fill, bool) or fill >= 0:
+        return f"the -inf picks are padded with {fill!r}, not a negative index"
+    return None
+
+
 def mask_replace(m: Match, ctx, insert: Inserter):
     scores = m["scores"]
     lengths = _score_lengths(m)
@@ -1010,11 +1057,11 @@ def mask_replace(m: Match, ctx, insert: Inserter):
     # Without a throwaway column the graph scatters k indices even past a row's length: those
     # columns rank as -inf candidates (masked_tail) rather than being absent.
     masked_tail = lengths is not None and m.get("throwaway_op") is None
-    out = insert.call(
-        fxfuse.topk_mask.default,
-        (_unclone(scores), m["k"], lengths_rows, _repeat_count(m, val(scores)), dtype, masked,
-         selected, masked_tail),
-    )  # fmt: skip
+    args = (_unclone(scores), m["k"], lengths_rows, _repeat_count(m, val(scores)), dtype, masked,
+            selected, masked_tail)  # fmt: skip
+    if m.get("value_masking") is not None:  # the -inf picks padded: finite_only
+        args += (True,)
+    out = insert.call(fxfuse.topk_mask.default, args)
     return [out]
 
 

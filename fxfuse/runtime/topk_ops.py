@@ -181,7 +181,8 @@ def _mask_kind(dtype: torch.dtype, masked_value: float, selected_value: float):
     return "additive", masked_value, selected_value
 
 
-def _check_mask(scores, k, lengths, block_size, dtype, masked_value, selected_value, masked_tail):
+def _check_mask(scores, k, lengths, block_size, dtype, masked_value, selected_value, masked_tail,
+                finite_only):  # fmt: skip
     _check_scores("scores", scores, tuple(range(1, 9)))
     _check_k(k)
     if lengths is not None and lengths.dim() == 1:
@@ -192,6 +193,8 @@ def _check_mask(scores, k, lengths, block_size, dtype, masked_value, selected_va
         raise ValueError(f"block_size: expected a positive int, got {block_size}")
     if masked_tail and lengths is None:
         raise ValueError("masked_tail: needs lengths")
+    if not isinstance(finite_only, bool):
+        raise ValueError(f"finite_only: expected a bool, got {finite_only!r}")
     return _mask_kind(dtype, masked_value, selected_value)
 
 
@@ -205,30 +208,36 @@ def topk_mask(
     masked_value: float,
     selected_value: float,
     masked_tail: bool = False,
+    finite_only: bool = False,
 ) -> torch.Tensor:
     """A mask (..., L·block_size) of `dtype` holding masked_value except at the top-k columns of
     each row of scores (..., L) (repeated block_size times along the last dim): selected_value.
     lengths (...,) or flat (rows,): each row's length; masked_tail: the columns past it rank as -inf instead
-    of being absent (the graph masked the scores)."""
+    of being absent (the graph masked the scores); finite_only: a selected column whose score is
+    -inf (or NaN) stays masked (the graph padded such picks, MiniMax-M3 in HF)."""
     kind, masked, selected = _check_mask(
-        scores, k, lengths, block_size, dtype, masked_value, selected_value, masked_tail
-    )
+        scores, k, lengths, block_size, dtype, masked_value, selected_value, masked_tail,
+        finite_only,
+    )  # fmt: skip
     lead, length = scores.shape[:-1], scores.shape[-1]
     rows = scores.reshape(-1, length)
     row_lengths = None if lengths is None else lengths.reshape(-1)
     if use_triton(scores, lengths):
         mask = _kernels().topk_mask(
             rows, k, row_lengths, kind, block_size, dtype=dtype, masked_value=masked,
-            selected_value=selected, masked_tail=masked_tail,
+            selected_value=selected, masked_tail=masked_tail, finite_only=finite_only,
         )  # fmt: skip
     else:
         mask = ref.topk_mask_ref(
-            rows, k, row_lengths, kind, block_size, dtype, masked, selected, masked_tail
-        )
+            rows, k, row_lengths, kind, block_size, dtype, masked, selected, masked_tail,
+            finite_only,
+        )  # fmt: skip
     return mask.reshape(*lead, length * block_size)
 
 
 @topk_mask.register_fake
-def _(scores, k, lengths, block_size, dtype, masked_value, selected_value, masked_tail=False):
-    _check_mask(scores, k, lengths, block_size, dtype, masked_value, selected_value, masked_tail)
+def _(scores, k, lengths, block_size, dtype, masked_value, selected_value, masked_tail=False,
+      finite_only=False):  # fmt: skip
+    _check_mask(scores, k, lengths, block_size, dtype, masked_value, selected_value, masked_tail,
+                finite_only)  # fmt: skip
     return scores.new_empty((*scores.shape[:-1], scores.shape[-1] * block_size), dtype=dtype)

@@ -311,6 +311,40 @@ def test_mask(kind, block_size, small):
     assert out.dtype == ref.dtype and torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("segments", [1, 3])
+def test_mask_finite_only(small, segments):
+    """finite_only: a selected column whose score is -inf or NaN stays masked (HF MiniMax-M3
+    pads such picks and sends them to a throwaway column). Rows with fewer finite scores than
+    k, NaN among them, a row of -inf only, a full row; with lengths (absent columns) and the
+    masked tail (columns past the length rank as -inf, so a pick there stays masked too)."""
+    scores = torch.randn(5, 200)
+    scores[0, 30:] = float("-inf")  # 30 finite of 200, k 40
+    scores[1, ::3] = float("nan")
+    scores[1, 100:] = float("-inf")
+    scores[2] = float("-inf")
+    scores[3, 150:] = float("-inf")
+    lengths = torch.tensor([200, 120, 200, 35, 200])
+    cfg = {**small, "SEGMENTS": segments}
+    for kind, block in (("bool", 1), ("additive", 4)):
+        plain = topk_ref.topk_mask_ref(scores, 40, None, kind, block)
+        out = topk.topk_mask(scores, 40, None, kind, block, finite_only=True, config=cfg)
+        ref = topk_ref.topk_mask_ref(scores, 40, None, kind, block, finite_only=True)
+        assert torch.equal(out, ref)
+        assert not torch.equal(ref, plain)  # the -inf / NaN picks of rows 0-2 differ
+        if segments == 1:  # (lengths are one segment a row)
+            for tail in (False, True):
+                out = topk.topk_mask(scores, 40, lengths, kind, block, masked_tail=tail,
+                                     finite_only=True, config=small)  # fmt: skip
+                ref = topk_ref.topk_mask_ref(scores, 40, lengths, kind, block, masked_tail=tail,
+                                             finite_only=True)  # fmt: skip
+                assert torch.equal(out, ref)
+    # The reference: a pick stays masked exactly where its score ranks as -inf.
+    ref = topk_ref.topk_mask_ref(scores, 40, None, "keep", finite_only=True)
+    plain = topk_ref.topk_mask_ref(scores, 40, None, "keep")
+    ranked = torch.where(scores.isnan(), float("-inf"), scores)
+    assert torch.equal(ref, plain & (ranked > float("-inf")))
+
+
 def test_mask_additive_dtype(tiny):
     scores = torch.randn(2, 64)
     out = topk.topk_mask(scores, 8, kind="additive", dtype=torch.float16, config=tiny)
@@ -443,6 +477,7 @@ def test_page_transform_pad(tiny):
         (lambda s: topk.topk_mask(s, 4, masked_value=0.5), "masked_value"),
         (lambda s: topk.topk_mask(s, 4, kind="additive", selected_value=True), "selected_value"),
         (lambda s: topk.topk_mask(s, 4, masked_tail=True), "masked_tail"),
+        (lambda s: topk.topk_mask(s, 4, finite_only=1), "finite_only"),
         (lambda s: topk.topk_page_transform(s, 4, _len(), torch.zeros(3, 2).int(), 16, pad=0.5),
          "pad"),
     ],

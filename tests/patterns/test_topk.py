@@ -792,6 +792,63 @@ def test_hf_minimax_m3_indexer(ir, reference_path):
     assert torch.equal(out, hf_minimax_m3_block_bias(*args))
 
 
+def hf_minimax_m3_keep(scores, positions, topk_blocks=3, block=4, local_blocks=1, pad=-1,
+                       pad_score=NEG_INF, argsort_indices=False):  # fmt: skip
+    """MiniMaxM3VLIndexer (HF transformers 5.25) forward + build_block_mask on token scores
+    (B, H, S_q, S_k): future keys -inf, blocks max-pooled, the local blocks forced (+inf), top-k,
+    the picks of -inf blocks padded -1 by their *values*, a throwaway column, then the keep mask
+    `(bias == 0.0)` expanded to keys and cut to the key length."""
+    batch, heads, q_len, k_len = scores.shape
+    n_blocks = -(-k_len // block)
+    future = torch.arange(k_len)[None, None, None, :] > positions[:, None, :, None]
+    scores = scores.masked_fill(future, NEG_INF)
+    scores = torch.nn.functional.pad(scores, (0, n_blocks * block - k_len), value=NEG_INF)
+    block_scores = scores.view(batch, heads, q_len, n_blocks, block).amax(dim=-1)
+    q_block = positions // block
+    local = (q_block[..., None] - torch.arange(local_blocks).view(1, 1, -1)).clamp(min=0)
+    block_scores.scatter_(-1, local.unsqueeze(1).expand(-1, heads, -1, -1), float("inf"))
+    values, indices = block_scores.topk(min(topk_blocks, n_blocks), dim=-1)
+    if argsort_indices:  # the same picks, but not this top-k's own indices
+        indices = block_scores.argsort(dim=-1, descending=True)[..., :topk_blocks]
+    idx = indices.masked_fill(values == pad_score, pad)
+    safe = idx.masked_fill(idx < 0, n_blocks)
+    bias = idx.new_full((batch, heads, q_len, n_blocks + 1), NEG_INF, dtype=torch.bfloat16)
+    bias.scatter_(-1, safe, 0.0)
+    keep = (bias[..., :n_blocks] == 0.0).repeat_interleave(block, dim=-1)[..., :k_len]
+    return keep
+
+
+def _m3_case(q_len=23, heads=2):
+    scores = torch.randn(2, heads, q_len, q_len)
+    positions = torch.arange(q_len).expand(2, q_len)
+    return scores, positions
+
+
+@pytest.mark.parametrize("ir", ["export", "compile"])
+def test_hf_minimax_m3_value_padded_keep_mask(ir, reference_path):
+    """The whole chain from the block scores on becomes one op with finite_only (the -inf picks
+    of the early queries stay masked), and the output is the unfused chain's."""
+    args = _m3_case()
+    out, report, ops = _fuse(hf_minimax_m3_keep, args, ir)
+    _assert_fired(report, ops, "topk_mask", "fxfuse.topk_mask")
+    expected = hf_minimax_m3_keep(*args)
+    assert out.dtype == torch.bool and torch.equal(out, expected)
+    # The early queries see fewer than k blocks: their -inf picks were dropped, not kept.
+    assert (expected[:, :, 0].sum(-1) == 4).all()
+
+
+@pytest.mark.parametrize(
+    "fn,reason",
+    [
+        (lambda s, p: hf_minimax_m3_keep(s, p, pad_score=0.0), "where the score is 0.0"),
+        (lambda s, p: hf_minimax_m3_keep(s, p, argsort_indices=True), "another top-k"),
+        (lambda s, p: hf_minimax_m3_keep(s, p, pad=0), "not a negative index"),
+    ],
+)
+def test_hf_minimax_m3_value_padding_near_misses(fn, reason, reference_path):
+    _assert_not_fired(fn, _m3_case(), "topk_mask", reason)
+
+
 def hf_v32_sdpa_masked(index_scores, keep, k=K):
     """HF DeepSeek-V3.2 under SDPA: the scores masked by the boolean attention mask (any
     pattern, not a length test), then top-k → mask."""
@@ -1025,10 +1082,12 @@ def _op_args():
         ("topk_mask", (torch.randn(2, 3, 40), K, None, 4, torch.bool, 1.0, 0.0, False)),
         ("topk_mask", (torch.randn(5, 40), K, torch.tensor(MASK_LENGTHS), 1, torch.bfloat16,
                        NEG_INF, 0.0, True)),
+        ("topk_mask", (torch.randn(5, 40).masked_fill(torch.rand(5, 40) < 0.9, NEG_INF), K, None,
+                       4, torch.bool, 0.0, 1.0, False, True)),
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("case", range(7))
 def test_ops_pass_opcheck(case, reference_path):
     name, args = _op_args()[case]
     torch.library.opcheck(getattr(torch.ops.fxfuse, name).default, args)
