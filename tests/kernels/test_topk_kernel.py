@@ -548,3 +548,23 @@ def test_gpu_tile_rows_adversarial(name, select):
         mask = topk.topk_mask(scores.cuda(), k, lengths.cuda(), masked_tail=True, config=cfg)
         want = topk_ref.topk_mask_ref(scores, k, lengths, masked_tail=True)
         assert torch.equal(mask.cpu(), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize(
+    "cfg", [{"TILE_MAX": 4096}, {"TILE_MAX": 1}, {"TILE_MAX": 1, "SEGMENTS": 3}]
+)
+def test_gpu_mask_finite_only(cfg):
+    """finite_only compiled: tile rows, streamed rows (`_finish`) and split rows; rows of fewer
+    finite scores than k, NaN, all -inf."""
+    rows, length, k = 5, 3000, 256
+    scores = torch.randn(rows, length, generator=torch.Generator().manual_seed(7))
+    scores[0, 100:] = float("-inf")
+    scores[1, ::5] = float("nan")
+    scores[1, 700:] = float("-inf")
+    scores[2] = float("-inf")
+    for kind, block in (("bool", 1), ("additive", 4)):
+        out = topk.topk_mask(scores.cuda(), k, None, kind, block, finite_only=True, config=cfg)
+        want = topk_ref.topk_mask_ref(scores, k, None, kind, block, finite_only=True)
+        assert torch.equal(out.cpu(), want)
