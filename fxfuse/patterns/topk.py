@@ -413,7 +413,7 @@ class _Sets(Pat):
 def _sorted_prefix(scores: Pat) -> Pat:
     """The first k indices of a descending sort, `argsort(s, descending=True)[..., :k]` or
     `sort(s, descending=True).indices[..., :k]`: a sorted top-k (the slice's dim binds as
-    `slice_dim`; the guard checks it is the sort's)."""
+    `prefix_dim`; the guard checks it is the sort's)."""
     descending = Lit(value=True)
     order = Alt(
         Getitem(Op(aten.sort.default, scores, Lit("dim"), descending), 1),
@@ -422,7 +422,7 @@ def _sorted_prefix(scores: Pat) -> Pat:
         Op(aten.argsort.stable, scores, Lit(), Lit("dim"), descending),
     )
     start = Alt(Lit(value=0), Lit(value=None))
-    prefix = Op(aten.slice.Tensor, order, Lit("slice_dim"), start, Lit("k"), Lit(value=1))
+    prefix = Op(aten.slice.Tensor, order, Lit("prefix_dim"), start, Lit("k"), Lit(value=1))
     return _Sets(prefix, largest=True, sorted=True)
 
 
@@ -611,8 +611,8 @@ def _check_topk(m: Match, scores, min_dims: int = 2, max_dims: int = 8) -> str |
         return f"top-k over {scores.dim()}-D scores"
     if not is_last_dim(m["dim"], scores.dim()):
         return f"top-k over dim {m['dim']}, not the last dim"
-    if m.get("slice_dim") is not None and not is_last_dim(m["slice_dim"], scores.dim()):
-        return f"the sorted indices are sliced along dim {m['slice_dim']}, not the last dim"
+    if m.get("prefix_dim") is not None and not is_last_dim(m["prefix_dim"], scores.dim()):
+        return f"the sorted indices are sliced along dim {m['prefix_dim']}, not the last dim"
     if m["largest"] is not True:
         return "top-k of the smallest (largest=False)"
     k = m["k"]
@@ -866,6 +866,9 @@ _mask_base = Alt(
 
 
 def _scatter(indices: Pat) -> Pat:
+    """The scatter into the mask; the indices maybe unsqueezed, into a base of one more (size 1)
+    dim (HF DeepSeek-V4: `bias.scatter_(-1, safe.unsqueeze(1), 0.0)` on (B, 1, S, T + 1))."""
+    indices = Alt(Op(aten.unsqueeze.default, indices, Lit("mask_dim"), name="unsqueezed"), indices)
     return Op((aten.scatter.value, aten.scatter_.value), _mask_base, Lit("scatter_dim"), indices,
               Const("selected_value"), name="scatter")  # fmt: skip
 
@@ -915,14 +918,14 @@ _repeated = Alt(_repeat_last(_compared), _compared)
 MASK = Alt(Cast(_repeated, "out_dtype"), _repeated)
 
 
-def _repeat_count(m: Match, before: torch.Tensor) -> int | str:
-    """How often `_repeat_last` repeats each element of `before` (1 without it)."""
+def _repeat_count(m: Match, before: tuple) -> int | str:
+    """How often `_repeat_last` repeats each element of a tensor of shape `before` (1 without
+    it)."""
     node = m.get("repeat")
     if node is None:
         return 1
-    scores = before
-    length = static_int(scores.shape[-1])
-    mask_dims = scores.dim()
+    length = static_int(before[-1])
+    mask_dims = len(before)
     if node.target is aten.repeat_interleave.self_int:
         if not is_last_dim(m["repeat_dim"], mask_dims):
             return f"repeat_interleave along dim {m['repeat_dim']}, not the last"
@@ -932,11 +935,11 @@ def _repeat_count(m: Match, before: torch.Tensor) -> int | str:
             return f"the mask is expanded along dim {m['unsqueeze_dim']}, not a new last dim"
         sizes = list(m["expand_sizes"])
         repeats = sizes[-1]
-        lead = [static_int(s) for s in scores.shape]
+        lead = [static_int(s) for s in before]
         if len(sizes) != mask_dims + 1 or any(s not in (-1, d) for s, d in zip(sizes[:-1], lead)):
             return f"the mask is expanded to {sizes}"
         out = val(node)
-        if tuple(out.shape[:-1]) != tuple(scores.shape[:-1]) or static_int(out.shape[-1]) != (
+        if tuple(out.shape[:-1]) != tuple(before[:-1]) or static_int(out.shape[-1]) != (
             length * repeats if isinstance(repeats, int) else None
         ):
             return f"the expanded mask is reshaped to {tuple(out.shape)}"
@@ -981,12 +984,15 @@ def mask_guard(m: Match, ctx) -> str | None:
         return reason
     scores = val(m["scores"])
     length = static_int(scores.shape[-1])
-    if not is_last_dim(m["scatter_dim"], scores.dim()):
+    frame = _mask_frame(m, scores)
+    if isinstance(frame, str):
+        return frame
+    if not is_last_dim(m["scatter_dim"], len(frame)):
         return f"the indices are scattered along dim {m['scatter_dim']}, not the last"
     base = val(m.get("base") or m.get("base_ones") or m.get("base_zeros"))
     throwaway = m.get("throwaway_op") is not None
     width = length + 1 if throwaway else length
-    if tuple(base.shape[:-1]) != tuple(scores.shape[:-1]) or static_int(base.shape[-1]) != width:
+    if tuple(base.shape[:-1]) != frame[:-1] or static_int(base.shape[-1]) != width:
         return f"the mask {tuple(base.shape)} is not shaped like the scores (+ a throwaway column)"
     if throwaway:
         if m["throwaway"] != length:
@@ -1012,7 +1018,7 @@ def mask_guard(m: Match, ctx) -> str | None:
             return reason
         if not throwaway:
             return "padded indices scattered without a throwaway column"
-    block = _repeat_count(m, scores)
+    block = _repeat_count(m, frame)
     if isinstance(block, str):
         return block
     values = _mask_values(m)
@@ -1021,6 +1027,27 @@ def mask_guard(m: Match, ctx) -> str | None:
     if values[0] == values[1]:
         return "the mask has one value"
     return None
+
+
+def _unsqueeze_at(m: Match, dims: int) -> int | str | None:
+    """Where an unsqueeze of the indices puts the mask's extra size-1 dim (scores of `dims`
+    dims; it must come before the last, which the indices are scattered along), or None."""
+    if m.get("unsqueezed") is None:
+        return None
+    dim = m["mask_dim"]
+    at = dim + dims + 1 if isinstance(dim, int) and dim < 0 else dim
+    if not isinstance(at, int) or not 0 <= at < dims:
+        return f"the indices are unsqueezed at dim {dim}, not before the last"
+    return at
+
+
+def _mask_frame(m: Match, scores: torch.Tensor) -> tuple | str:
+    """The mask's shape before the repeat: the scores', with `_unsqueeze_at`'s dim inserted."""
+    shape = tuple(scores.shape)
+    at = _unsqueeze_at(m, len(shape))
+    if at is None or isinstance(at, str):
+        return at or shape
+    return shape[:at] + (1,) + shape[at:]
 
 
 def _value_padding(m: Match) -> str | None:
@@ -1057,11 +1084,15 @@ def mask_replace(m: Match, ctx, insert: Inserter):
     # Without a throwaway column the graph scatters k indices even past a row's length: those
     # columns rank as -inf candidates (masked_tail) rather than being absent.
     masked_tail = lengths is not None and m.get("throwaway_op") is None
-    args = (_unclone(scores), m["k"], lengths_rows, _repeat_count(m, val(scores)), dtype, masked,
+    frame = _mask_frame(m, val(scores))
+    args = (_unclone(scores), m["k"], lengths_rows, _repeat_count(m, frame), dtype, masked,
             selected, masked_tail)  # fmt: skip
     if m.get("value_masking") is not None:  # the -inf picks padded: finite_only
         args += (True,)
     out = insert.call(fxfuse.topk_mask.default, args)
+    at = _unsqueeze_at(m, val(scores).dim())
+    if at is not None:  # the mask of one more (size 1) dim
+        out = insert.call(aten.unsqueeze.default, (out, at))
     return [out]
 
 
@@ -1304,7 +1335,7 @@ def _page_analysis(m: Match, heads: int) -> int | str:
             return "per-slot page ids are not flattened"
         ppb = static_int(term.shape[-1]) if term is not None and term.dim() else None
     else:
-        ppb = _repeat_count(m, blocks)
+        ppb = _repeat_count(m, tuple(blocks.shape))
         if isinstance(ppb, str):
             return ppb
     if not isinstance(ppb, int) or ppb < 1 or k is None:

@@ -2,7 +2,8 @@
 weights, never downloaded): in every layer the indexer's top-k → boolean mask becomes one
 `fxfuse.topk_mask` and kv_b's GEMM → split → cat one `fxfuse.gemm_split_cat`, and the logits
 match. The indexer runs under `torch.no_grad()` and casts its indices to int32 and back; the
-capture is made with grad on, as a user would call `apply_fusions`."""
+capture is made with grad on, as a user would call `apply_fusions`. DeepSeek-V4's compressed
+sparse attention: its Lightning Indexer's top-k → causal -1 → (B, 1, S, T) bias."""
 
 import pytest
 import torch
@@ -70,3 +71,40 @@ def test_kernels_in_interpreter_logits_match(name):
     rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
     assert rel <= 1e-2
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.99
+
+
+def _tiny_v4():
+    # Compressed sparse attention in both layers (entries of 4 tokens), an indexer of 16 heads
+    # of 16 keeping 3 entries: with few heads, relu(q·k) = 0 in every head ties many scores,
+    # and the fused and unfused top-k may keep different tied entries (SPEC §5 allows it).
+    cfg = transformers.DeepseekV4Config(
+        vocab_size=128, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=LAYERS,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=32, q_lora_rank=32,
+        num_experts_per_tok=2, n_routed_experts=4, n_shared_experts=1,
+        layer_types=["compressed_sparse_attention"] * LAYERS, mlp_layer_types=["moe"] * LAYERS,
+        hc_mult=2, hc_sinkhorn_iters=2, sliding_window=8, o_groups=2, o_lora_rank=16,
+        index_n_heads=16, index_head_dim=16, index_topk=3, max_position_embeddings=128,
+    )  # fmt: skip
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return Logits(transformers.DeepseekV4ForCausalLM(cfg).to(torch.bfloat16).eval())
+
+
+@pytest.mark.parametrize("path", ["reference", "kernel"])
+def test_deepseek_v4_indexer_bias_fuses_and_logits_match(path, monkeypatch):
+    if path == "reference":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+    model = _tiny_v4()
+    ids = torch.randint(0, 128, (2, 33))  # 8 compressed entries; the first queries see none
+    fused = fxfuse.apply_fusions(model, (ids,))
+    assert fused.fxfuse_report.counts["topk_mask"] == LAYERS, str(fused.fxfuse_report)
+    assert fused_targets(fused).count("fxfuse.topk_mask.default") == LAYERS
+    # The top-k left are the MoE routers' (2 experts a token), not the indexers' (3 entries).
+    left = [n.args[1] for n in fused.graph.nodes if n.target is torch.ops.aten.topk.default]
+    assert left and set(left) == {2}
+    with torch.no_grad():
+        got, want = fused(ids), model(ids)
+    if path == "reference":
+        assert torch.equal(got, want)
+    rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    assert rel <= 1e-2

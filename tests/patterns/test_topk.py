@@ -849,6 +849,40 @@ def test_hf_minimax_m3_value_padding_near_misses(fn, reason, reference_path):
     _assert_not_fired(fn, _m3_case(), "topk_mask", reason)
 
 
+def hf_deepseek_v4_bias(index_scores, positions, compress_rate=4, k=3, heads=1):
+    """DeepseekV4 CSA compressor + Lightning Indexer (HF transformers 5.25): each query sees the
+    compressed entries below (p + 1) // m; the top-k past that limit become -1 (`where` with a
+    `full_like`), are sent to a throwaway column, and the indices are unsqueezed into a
+    (B, 1, S, T + 1) bias."""
+    batch, seq, length = index_scores.shape
+    threshold = (positions + 1) // compress_rate
+    future = torch.arange(length).view(1, 1, -1) >= threshold.unsqueeze(-1)
+    index_scores = index_scores.masked_fill(future, NEG_INF)
+    idx = index_scores.topk(k, dim=-1).indices
+    idx = torch.where(idx >= threshold.unsqueeze(-1), torch.full_like(idx, -1), idx)
+    safe = torch.where(idx >= 0, idx, torch.full_like(idx, length))
+    bias = index_scores.new_full((batch, heads, seq, length + 1), NEG_INF)
+    bias.scatter_(-1, safe.unsqueeze(1), 0.0)
+    return bias[..., :length]
+
+
+@pytest.mark.parametrize("ir", ["export", "compile"])
+def test_hf_deepseek_v4_unsqueezed_bias(ir, reference_path):
+    """The indices unsqueezed into a mask of one more dim: fused, the op's mask unsqueezed."""
+    scores, positions = torch.randn(2, 33, 8), torch.arange(33).expand(2, 33)
+    out, report, ops = _fuse(hf_deepseek_v4_bias, (scores, positions), ir)
+    _assert_fired(report, ops, "topk_mask", "fxfuse.topk_mask")
+    expected = hf_deepseek_v4_bias(scores, positions)
+    assert out.shape == expected.shape == (2, 1, 33, 8) and torch.equal(out, expected)
+
+
+def test_hf_deepseek_v4_bias_of_two_heads_does_not_fire(reference_path):
+    # (B, 1, S, k) indices into a (B, 2, S, T + 1) bias: only head 0 gets them.
+    args = (torch.randn(2, 33, 8), torch.arange(33).expand(2, 33))
+    _assert_not_fired(hf_deepseek_v4_bias, args, "topk_mask", "not shaped like the scores",
+                      heads=2)  # fmt: skip
+
+
 def hf_v32_sdpa_masked(index_scores, keep, k=K):
     """HF DeepSeek-V3.2 under SDPA: the scores masked by the boolean attention mask (any
     pattern, not a length test), then top-k → mask."""
