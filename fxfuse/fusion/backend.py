@@ -32,7 +32,7 @@ class FxfusePostGradPass(CustomGraphPass):
         self.config, self.report = config, report
 
     def __call__(self, graph: fx.Graph) -> None:
-        self.report.merge(run_passes(graph, self.config))
+        self.report.merge(run_passes(graph, self.config, unfused_as_spelled=True))
 
     def uuid(self) -> bytes:
         return hashlib.sha256((_source_hash() + repr(self.config)).encode()).digest()

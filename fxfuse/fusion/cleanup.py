@@ -55,9 +55,10 @@ def _same_shape(a, b) -> bool:
     )
 
 
-def merge_duplicates(graph: fx.Graph, targets: tuple) -> int:
+def merge_duplicates(graph: fx.Graph, targets: tuple, into: dict[str, str] | None = None) -> int:
     """Replaces later calls of `targets` with identical arguments by the first (Llama's q, k and v
-    projections each quantizing the same normed input). Returns how many were merged."""
+    projections each quantizing the same normed input). Returns how many were merged; `into`
+    gets each merged node's name -> the name of the node it was merged into."""
     seen: dict[tuple, fx.Node] = {}
     merged = 0
     for node in list(graph.nodes):
@@ -69,6 +70,8 @@ def merge_duplicates(graph: fx.Graph, targets: tuple) -> int:
             node.replace_all_uses_with(first)
             graph.erase_node(node)
             merged += 1
+            if into is not None:
+                into[node.name] = first.name
     if merged:
         _merge_getitems(graph)
     return merged

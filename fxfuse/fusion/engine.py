@@ -140,6 +140,9 @@ def _rewrite(rule: Rule, match: Match, outputs: list[fx.Node], ctx: Context) -> 
     ctx.report.sources.update(dict.fromkeys(created_names, replaced))
     if rule.canonical:
         ctx.report.canonicalized[rule.name] = ctx.report.canonicalized.get(rule.name, 0) + 1
+        for node in inserter.created:
+            if str(node.target).startswith("fxfuse."):
+                ctx.canonical_roots[node.name] = match.root.name
     else:
         created = ", ".join(
             sorted({str(n.target) for n in inserter.created if str(n.target).startswith("fxfuse.")})

@@ -17,29 +17,86 @@ from fxfuse.patterns.rule import Context
 NORM_CONSUMERS = ("allreduce_rmsnorm", "rmsnorm_quant_gemm", "rmsnorm_quant", "quant_gemm")
 
 
-def run_passes(module: fx.GraphModule | fx.Graph, config: FusionConfig | None = None) -> FusionReport:
+def run_passes(
+    module: fx.GraphModule | fx.Graph,
+    config: FusionConfig | None = None,
+    unfused_as_spelled: bool = False,
+) -> FusionReport:
     """Rewrites a GraphModule (recompiled after) or a bare Graph (Inductor's post-grad graph) in
-    place; returns what was done. The graph lints after every pass."""
+    place; returns what was done. The graph lints after every pass.
+
+    unfused_as_spelled (the torch.compile backend): a norm or quant spelling that no fusion
+    consumes stays as the graph spelled it, for Inductor to compile as it would without fxfuse,
+    instead of becoming a canonical op that runs fxfuse's kernel on its own. A trial run on a
+    copy of the graph finds the spellings the fusions consume; only those are canonicalized.
+    The report's near-misses are the trial's (every canonical norm and quant was there)."""
     config = config or FusionConfig()
     target = config.resolved_target()
-    report = FusionReport(counts={n: 0 for n in PATTERN_NAMES if config.enabled(n)}, target=target)
     graph = module.graph if isinstance(module, fx.GraphModule) else module
+    consumed = trial = None
+    if unfused_as_spelled:
+        copy = fx.Graph(owning_module=graph.owning_module)
+        copy.output(copy.graph_copy(graph, {}))
+        trial, made, merged = _fuse(copy, config, target)
+        consumed = _consumed(made, merged, trial.sources, {n.name for n in copy.nodes})
+    report, _, _ = _fuse(graph, config, target, consumed)
+    if trial is not None:
+        report.rejected = trial.rejected
+    if config.prepacks(target):
+        prepack_weights(module, report)
+    finish(module)
+    return report
+
+
+def _is_fxfuse(node: fx.Node) -> bool:
+    return str(node.target).startswith("fxfuse.")
+
+
+def _consumed(made: dict[str, str], merged: dict[str, str], sources: dict, alive: set[str]):
+    """The spelling roots whose canonical op a fusion consumed. A canonical op that another
+    canonicalization replaced (`rms_norm` → `add_rms_norm`) or that was merged into a duplicate
+    shares the fate of the op that took it over."""
+    taken_by = {src: op for op in made for src in sources.get(op, ()) if src in made}
+    taken_by.update(merged)
+
+    def fused(name: str) -> bool:
+        while name not in alive:
+            if name not in taken_by:
+                return True
+            name = taken_by[name]
+        return False
+
+    return {root for op, root in made.items() if fused(op)}
+
+
+def _fuse(
+    graph: fx.Graph, config: FusionConfig, target: str, spellings: set[str] | None = None
+) -> tuple[FusionReport, dict[str, str], dict[str, str]]:
+    """simplify → canonicalize → merge duplicates → fuse. spellings: the names of the only
+    norm / quant spelling roots to canonicalize (None: all). Returns the report, per canonical
+    op made the name of the spelling's root it replaced, and per merged canonical op the name
+    of the one it was merged into."""
+    spelling_rules = {id(rule) for rule in patterns.SPELLING_RULES}
+    merged: dict[str, str] = {}
+    report = FusionReport(counts={n: 0 for n in PATTERN_NAMES if config.enabled(n)}, target=target)
     ctx = Context(graph, report, config, target, fake_mode_of(graph))
     simplify(graph)
     graph.lint()
     if any(config.enabled(n) for n in NORM_CONSUMERS):
         for rule in patterns.CANONICAL_RULES:
-            run_rule(rule, ctx)
+            only = None
+            if spellings is not None and id(rule) in spelling_rules:
+                # A spelling's root, or a canonical op made from one (names of made nodes
+                # differ from the trial's, which made more of them).
+                only = lambda node: node.name in spellings or _is_fxfuse(node)  # noqa: E731
+            run_rule(rule, ctx, only)
             graph.lint()
         # Views first: Llama's q/k/v each flatten the same normed tensor before quantizing it.
         merge_duplicates(graph, VIEWS)
-        merge_duplicates(graph, patterns.CANONICAL_TARGETS)
+        merge_duplicates(graph, patterns.CANONICAL_TARGETS, merged)
         simplify(graph)
     for rule in patterns.FUSION_RULES:
         if config.enabled(rule.name):
             run_rule(rule, ctx)
             graph.lint()
-    if config.prepacks(target):
-        prepack_weights(module, report)
-    finish(module)
-    return report
+    return report, ctx.canonical_roots, merged

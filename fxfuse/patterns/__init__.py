@@ -14,7 +14,9 @@ from fxfuse.patterns import (
     topk,
 )
 
-CANONICAL_RULES = rms_norm.RULES + quant.RULES + gemm.CANONICAL_RULES
+# The norm and quant spellings: under torch.compile those no fusion consumes stay as spelled.
+SPELLING_RULES = rms_norm.RULES + quant.RULES
+CANONICAL_RULES = SPELLING_RULES + gemm.CANONICAL_RULES
 CANONICAL_TARGETS = quant.CANONICAL_TARGETS
 # gemm_split_cat before the quant → GEMM chains: it takes their FP8 / MXFP4 GEMMs as producers.
 FUSION_RULES = (

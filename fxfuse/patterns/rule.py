@@ -24,6 +24,8 @@ class Context:
     config: object  # FusionConfig
     target: str
     fake_mode: FakeTensorMode
+    # Each canonical op a canonicalization made (node name) -> the root of the spelling it replaced.
+    canonical_roots: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

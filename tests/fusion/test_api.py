@@ -10,7 +10,7 @@ import fxfuse
 from fxfuse.fusion.config import parse_disable_env
 from fxfuse.runtime.target import detect_target
 from tests.helpers import fused_targets, outputs_bytes_equal
-from tests.patterns.test_rms_norm_quant import Chain, _inputs, llama, per_token_div
+from tests.patterns.test_rms_norm_quant import Chain, NearMiss, _inputs, llama, per_token_div
 
 
 def test_config_rejects_unknown_names_and_bad_values():
@@ -95,6 +95,82 @@ def test_torch_compile_backend_on_cpu(reference_path):
         want = model(*inputs)
         got = torch.compile(model, backend="fxfuse")(*inputs)
     assert fxfuse.last_report().counts["rmsnorm_quant"] == 1
+    assert outputs_bytes_equal(got, want)
+
+
+class TwoNorms(nn.Module):
+    """Two residual norms: the first feeds a spelled FP8 quant (fuses), the second a plain bf16
+    linear (nothing to fuse it with)."""
+
+    def __init__(self, n=256):
+        super().__init__()
+        self.w1 = nn.Parameter((1 + 0.1 * torch.randn(n)).to(torch.bfloat16))
+        self.w2 = nn.Parameter((1 + 0.1 * torch.randn(n)).to(torch.bfloat16))
+        self.proj = nn.Linear(n, n, bias=False).to(torch.bfloat16)
+
+    def forward(self, x, r):
+        h = x + r
+        q, scale = per_token_div(llama(h, self.w1))
+        h2 = h + q.to(torch.bfloat16) * scale.to(torch.bfloat16)
+        return self.proj(llama(h2, self.w2)), h2
+
+
+def _compiled(model, inputs, backend):
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out, code = run_and_get_code(torch.compile(model, backend=backend), *inputs)
+    return out, " ".join(code)
+
+
+def test_compile_leaves_unfused_spellings_to_inductor(reference_path):
+    """Under torch.compile a norm no fusion consumes stays as spelled: Inductor compiles it as
+    without fxfuse (the bytes of backend="inductor"), and no canonical norm op runs on its own.
+    apply_fusions keeps the canonical op (on a GPU it runs fxfuse's norm kernel)."""
+    model, inputs = TwoNorms(), _inputs(n=256)
+    plain = lambda x, r: model.proj(llama(x + r, model.w2))  # noqa: E731
+    want, _ = _compiled(plain, inputs, "inductor")
+    got, code = _compiled(plain, inputs, "fxfuse")
+    report = fxfuse.last_report()
+    assert not report.canonicalized and "fxfuse." not in code, str(report)
+    assert outputs_bytes_equal(got, want)
+    with torch.no_grad():
+        fused = fxfuse.apply_fusions(model, inputs)
+    assert fused_targets(fused).count("fxfuse.add_rms_norm.default") == 1
+
+
+def test_compile_fuses_what_fuses_and_no_more(reference_path):
+    """One graph, two norms: the one a quant follows becomes `add_rms_norm_quant`, the other
+    stays Inductor's; the report counts only the spellings the fusion consumed."""
+    model, inputs = TwoNorms(), _inputs(n=256)
+    got, code = _compiled(model, inputs, "fxfuse")
+    report = fxfuse.last_report()
+    assert report.counts["rmsnorm_quant"] == 1, str(report)
+    assert code.count("fxfuse.add_rms_norm_quant.default(") == 1
+    assert "fxfuse.rms_norm.default" not in code and "fxfuse.add_rms_norm.default" not in code
+    assert report.canonicalized == {"rms_norm[llama]": 1, "add_rms_norm": 1, "quant_fp8": 1}
+    with torch.no_grad():
+        want = model(*inputs)
+    for a, b in zip(got, want):  # bf16 rounding of the Inductor-compiled parts (SPEC §5)
+        assert ((a.double() - b.double()).norm() / b.double().norm()).item() <= 1e-2
+
+
+def test_compile_reports_near_misses_of_spellings_left_alone(reference_path):
+    """A norm → quant whose normed value has another user: nothing fuses, the graph Inductor
+    compiles has no fxfuse op, and the report still says why."""
+
+    def body(x, w):
+        y = llama(x, w)
+        return (*per_token_div(y), y * 2)
+
+    model, inputs = NearMiss(body), _inputs()[:1]
+    want, _ = _compiled(model, inputs, "inductor")
+    got, code = _compiled(model, inputs, "fxfuse")
+    report = fxfuse.last_report()
+    assert report.counts["rmsnorm_quant"] == 0 and not report.canonicalized, str(report)
+    assert "fxfuse." not in code
+    assert any(p == "rmsnorm_quant" and "other users" in why for p, _, why in report.rejected)
     assert outputs_bytes_equal(got, want)
 
 
