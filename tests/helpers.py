@@ -16,6 +16,15 @@ def outputs_bytes_equal(a, b) -> bool:
     return len(a) == len(b) and all(bytes_equal(x, y) for x, y in zip(a, b))
 
 
+def assert_logits_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """SPEC §5, whole models: logits fused vs unfused within 1e-2 relative (‖got − want‖ /
+    ‖want‖), the same argmax on at least 99 % of positions."""
+    rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    assert rel <= 1e-2, rel
+    same = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    assert same >= 0.99, same
+
+
 def fused_targets(gm) -> list[str]:
     return [str(n.target) for n in gm.graph.nodes if str(n.target).startswith("fxfuse.")]
 
