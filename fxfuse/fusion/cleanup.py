@@ -77,6 +77,76 @@ def merge_duplicates(graph: fx.Graph, targets: tuple, into: dict[str, str] | Non
     return merged
 
 
+def merge_pure_duplicates(graph: fx.Graph, sources: tuple) -> int:
+    """Merges later calls of a pure ATen op with the same arguments into the first (CSE), for
+    the nodes computed from a call of `sources` (the top-k ops): a chain a model spells twice on
+    one top-k is then one chain with two readers (HF GLM-5's "shared" indexer layers each build
+    the mask from the same indices). Only there: elsewhere two equal chains may each fuse with
+    their own consumer, and merged they would be one chain with two. Pure: no mutable or random
+    schema, not an `empty` (undefined contents), never written in place (nor any view of it),
+    not a graph output. Returns how many were merged."""
+    downstream: set[fx.Node] = set()
+    seen: dict[tuple, fx.Node] = {}
+    merged = 0
+    for node in list(graph.nodes):
+        if node.target in sources or any(n in downstream for n in node.all_input_nodes):
+            downstream.add(node)
+        if node not in downstream or not _pure(node) or _written(node):
+            continue
+        key = (node.target, _key(node.args), _key(tuple(sorted(node.kwargs.items()))))
+        first = seen.setdefault(key, node)
+        if first is not node:
+            node.replace_all_uses_with(first)
+            graph.erase_node(node)
+            merged += 1
+    if merged:
+        _merge_getitems(graph)
+    return merged
+
+
+def _pure(node: fx.Node) -> bool:
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return False
+    schema = target._schema
+    return not (
+        schema.is_mutable
+        or torch.Tag.nondeterministic_seeded in target.tags
+        or "empty" in schema.name
+        or node.is_impure()
+        or any(user.op == "output" for user in node.users)
+    )
+
+
+def _written(node: fx.Node) -> bool:
+    """Whether any user writes to node, or to a view of it (conservative for calls it cannot
+    read the schema of)."""
+    for user in node.users:
+        if user.target is operator.getitem:
+            if _written(user):  # an item of a list of views (split)
+                return True
+            continue
+        if user.op != "call_function" or not isinstance(user.target, torch._ops.OpOverload):
+            return True
+        schema = user.target._schema
+        rest = schema.arguments[len(user.args) :]
+        values = list(user.args) + [user.kwargs.get(a.name) for a in rest]
+        for arg, value in zip(schema.arguments, values):
+            if not _holds(value, node) or arg.alias_info is None:
+                continue
+            if arg.alias_info.is_write:
+                return True
+            if any(r.alias_info is not None for r in schema.returns) and _written(user):
+                return True  # the user returns a view of node that is written
+    return False
+
+
+def _holds(value, node: fx.Node) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_holds(v, node) for v in value)
+    return value is node
+
+
 def _merge_getitems(graph: fx.Graph) -> None:
     seen: dict[tuple, fx.Node] = {}
     for node in list(graph.nodes):

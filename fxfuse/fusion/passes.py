@@ -3,16 +3,28 @@
 
 from __future__ import annotations
 
+import torch
 import torch.fx as fx
 
 from fxfuse import patterns
-from fxfuse.fusion.cleanup import VIEWS, finish, merge_duplicates, simplify
+from fxfuse.fusion.cleanup import (
+    VIEWS,
+    finish,
+    merge_duplicates,
+    merge_pure_duplicates,
+    simplify,
+)
 from fxfuse.fusion.config import PATTERN_NAMES, FusionConfig
 from fxfuse.fusion.engine import fake_mode_of, run_rule
 from fxfuse.fusion.prepack import prepack_weights
 from fxfuse.fusion.report import FusionReport
 from fxfuse.patterns.rule import Context
 
+# The ops whose duplicate consumer chains are merged before fusing (`merge_pure_duplicates`).
+TOPK_SOURCES = (
+    torch.ops.aten.topk.default, torch.ops.aten.sort.default, torch.ops.aten.sort.stable,
+    torch.ops.aten.argsort.default, torch.ops.aten.argsort.stable,
+)  # fmt: skip
 # Fusions that consume canonical norms / quants: canonicalization runs only when one is enabled.
 NORM_CONSUMERS = ("allreduce_rmsnorm", "rmsnorm_quant_gemm", "rmsnorm_quant", "quant_gemm")
 
@@ -95,6 +107,7 @@ def _fuse(
         merge_duplicates(graph, VIEWS)
         merge_duplicates(graph, patterns.CANONICAL_TARGETS, merged)
         simplify(graph)
+    merge_pure_duplicates(graph, TOPK_SOURCES)
     for rule in patterns.FUSION_RULES:
         if config.enabled(rule.name):
             run_rule(rule, ctx)

@@ -21,7 +21,7 @@ LAYERS = 2
 TOPK = 4  # of 7 keys a sequence: rows 0-3 (causal) keep every visible key and masked ones
 
 
-def _tiny(name: str, attn: str):
+def _tiny(name: str, attn: str, indexer_types=None):
     # 4 heads of qk_nope 16 | v 16 from a 32-wide latent, rope 8; an indexer of 4 heads of 16.
     common = dict(
         vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
@@ -34,8 +34,11 @@ def _tiny(name: str, attn: str):
     if name == "deepseek_v32":
         cfg = transformers.DeepseekV32Config(**common, head_dim=8)
         cls = transformers.DeepseekV32ForCausalLM
-    else:  # every layer runs its own indexer ("full"), none reuses the previous one's mask
-        cfg = transformers.GlmMoeDsaConfig(**common, indexer_types=["full"] * LAYERS)
+    else:  # every layer runs its own indexer ("full") unless told
+        layers = len(indexer_types or ()) or LAYERS
+        common["num_hidden_layers"] = common["first_k_dense_replace"] = layers
+        types = indexer_types or ["full"] * layers
+        cfg = transformers.GlmMoeDsaConfig(**common, indexer_types=types)
         cls = transformers.GlmMoeDsaForCausalLM
     cfg._attn_implementation = attn
     torch.manual_seed(0)
@@ -74,6 +77,18 @@ def test_kernels_in_interpreter_logits_match(name):
     fused, got, want = _fuse(name, "eager")
     _check_every_layer(fused)
     assert_logits_close(got, want)
+
+
+def test_glm5_shared_indexer_layer_reuses_the_fused_mask(reference_path):
+    """GLM-5's "shared" layers rebuild the mask from the previous layer's indices: the two mask
+    chains merge into one fused op per full layer."""
+    model = _tiny("glm_moe_dsa", "eager", indexer_types=["full", "shared", "full"])
+    ids = torch.randint(0, 128, (2, 7))
+    fused = fxfuse.apply_fusions(model, (ids,))
+    assert fused.fxfuse_report.counts["topk_mask"] == 2, str(fused.fxfuse_report)
+    assert fused_targets(fused).count("fxfuse.topk_mask.default") == 2
+    with torch.no_grad():
+        assert torch.equal(fused(ids), model(ids))
 
 
 def _tiny_v4():

@@ -883,6 +883,33 @@ def test_hf_deepseek_v4_bias_of_two_heads_does_not_fire(reference_path):
                       heads=2)  # fmt: skip
 
 
+def shared_indices_two_masks(scores, k=K):
+    """One top-k, its mask spelled twice (HF GLM-5: a "shared" layer rebuilds the mask from the
+    previous layer's indices): the duplicate chain merges, one fused op feeds both."""
+    idx = scores.topk(k, dim=-1).indices.to(torch.int32)
+    one = idx.new_ones(scores.shape, dtype=torch.bool).scatter(-1, idx.long(), False)
+    two = idx.new_ones(scores.shape, dtype=torch.bool).scatter(-1, idx.long(), False)
+    return one.unsqueeze(1) & two.unsqueeze(1), two.sum()
+
+
+def shared_indices_written_bases(scores, k=K):
+    """The same, into bases written in place with different values: not duplicates."""
+    idx = scores.topk(k, dim=-1).indices
+    one = scores.new_full(scores.shape, NEG_INF).scatter_(-1, idx, 0.0)
+    two = scores.new_full(scores.shape, NEG_INF).scatter_(-1, idx, 1.0)
+    return one + two
+
+
+def test_duplicate_mask_chains_of_one_topk_merge(reference_path):
+    scores = torch.randn(2, 5, 40)
+    out, report, ops = _fuse(shared_indices_two_masks, (scores,), "export")
+    _assert_fired(report, ops, "topk_mask", "fxfuse.topk_mask")
+    assert ops.count("fxfuse.topk_mask.default") == 1
+    for a, b in zip(out, shared_indices_two_masks(scores)):
+        assert torch.equal(a, b)
+    _assert_not_fired(shared_indices_written_bases, (scores,), "topk_mask", "other users")
+
+
 def hf_v32_sdpa_masked(index_scores, keep, k=K):
     """HF DeepSeek-V3.2 under SDPA: the scores masked by the boolean attention mask (any
     pattern, not a length test), then top-k → mask."""
