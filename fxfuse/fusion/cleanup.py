@@ -59,22 +59,8 @@ def merge_duplicates(graph: fx.Graph, targets: tuple, into: dict[str, str] | Non
     """Replaces later calls of `targets` with identical arguments by the first (Llama's q, k and v
     projections each quantizing the same normed input). Returns how many were merged; `into`
     gets each merged node's name -> the name of the node it was merged into."""
-    seen: dict[tuple, fx.Node] = {}
-    merged = 0
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in targets:
-            continue
-        key = (node.target, _key(node.args), _key(tuple(sorted(node.kwargs.items()))))
-        first = seen.setdefault(key, node)
-        if first is not node:
-            node.replace_all_uses_with(first)
-            graph.erase_node(node)
-            merged += 1
-            if into is not None:
-                into[node.name] = first.name
-    if merged:
-        _merge_getitems(graph)
-    return merged
+    calls = [n for n in graph.nodes if n.op == "call_function" and n.target in targets]
+    return _merge_into_first(graph, calls, into)
 
 
 def merge_pure_duplicates(graph: fx.Graph, sources: tuple) -> int:
@@ -86,19 +72,28 @@ def merge_pure_duplicates(graph: fx.Graph, sources: tuple) -> int:
     schema, not an `empty` (undefined contents), never written in place (nor any view of it),
     not a graph output. Returns how many were merged."""
     downstream: set[fx.Node] = set()
-    seen: dict[tuple, fx.Node] = {}
-    merged = 0
-    for node in list(graph.nodes):
+    for node in graph.nodes:
         if node.target in sources or any(n in downstream for n in node.all_input_nodes):
             downstream.add(node)
-        if node not in downstream or not _pure(node) or _written(node):
-            continue
+    pure = [n for n in graph.nodes if n in downstream and _pure(n) and not _written(n)]
+    return _merge_into_first(graph, pure)
+
+
+def _merge_into_first(graph: fx.Graph, nodes: list[fx.Node], into: dict | None = None) -> int:
+    """Each of `nodes` (in graph order) whose target and arguments equal an earlier one's is
+    replaced by that one; arguments are compared as they are when the node's turn comes, so a
+    chain of duplicates merges whole."""
+    seen: dict[tuple, fx.Node] = {}
+    merged = 0
+    for node in nodes:
         key = (node.target, _key(node.args), _key(tuple(sorted(node.kwargs.items()))))
         first = seen.setdefault(key, node)
         if first is not node:
             node.replace_all_uses_with(first)
             graph.erase_node(node)
             merged += 1
+            if into is not None:
+                into[node.name] = first.name
     if merged:
         _merge_getitems(graph)
     return merged
