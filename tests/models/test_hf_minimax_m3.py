@@ -58,3 +58,18 @@ def test_kernel_in_interpreter_logits_match():
     fused, got, want = _fuse("eager")
     _check_every_layer(fused)
     assert_logits_close(got, want)
+
+
+def test_torch_compile_backend_fuses_the_block_indexer(reference_path):
+    """torch.compile(backend="fxfuse"): the mask fuses in Inductor's graph of every layer, and
+    the logits equal the same backend's with topk_mask off."""
+    model, ids = _tiny("eager"), torch.randint(0, 128, (2, 23))
+    outs, counts = [], []
+    for disable in ((), ("topk_mask",)):
+        torch._dynamo.reset()
+        backend = fxfuse.make_backend(fxfuse.FusionConfig(disable=disable))
+        with torch.no_grad():
+            outs.append(torch.compile(model, backend=backend)(ids))
+        counts.append(fxfuse.last_report().counts.get("topk_mask"))
+    assert counts == [LAYERS, None]
+    assert torch.equal(outs[0], outs[1])
