@@ -16,6 +16,18 @@ def outputs_bytes_equal(a, b) -> bool:
     return len(a) == len(b) and all(bytes_equal(x, y) for x, y in zip(a, b))
 
 
+def fuse_and_run(model, inputs: tuple, capture_with_grad: bool = False):
+    """(fused, fused(*inputs), model(*inputs)): `apply_fusions(model, inputs)`, both run without
+    grad. capture_with_grad: capture as a user calling it outside `torch.no_grad()` would, so the
+    model's own no-grad regions come wrapped (and `apply_fusions` must inline them)."""
+    import fxfuse
+
+    with torch.set_grad_enabled(capture_with_grad):
+        fused = fxfuse.apply_fusions(model, inputs)
+    with torch.no_grad():
+        return fused, fused(*inputs), model(*inputs)
+
+
 def assert_logits_close(got: torch.Tensor, want: torch.Tensor) -> None:
     """SPEC §5, whole models: logits fused vs unfused within 1e-2 relative (‖got − want‖ /
     ‖want‖), the same argmax on at least 99 % of positions."""

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 import fxfuse
 from fxfuse.models import deepseek_v32
 from fxfuse.models.quant_linear import QUANT_KINDS
-from tests.helpers import assert_kv_b_feeds_only_split_cat, fused_targets
+from tests.helpers import assert_kv_b_feeds_only_split_cat, fuse_and_run, fused_targets
 
 LAYERS = 2
 RTOL = 1e-2  # SPEC §5, whole models
@@ -41,9 +41,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def _fuse(cfg, batch=2, seq=8):
     model = deepseek_v32.build(cfg)
     inputs = deepseek_v32.example_inputs(cfg, batch=batch, seq=seq)
-    with torch.no_grad():
-        fused = fxfuse.apply_fusions(model, inputs)
-        return fused, fused(*inputs), model(*inputs)
+    return fuse_and_run(model, inputs)
 
 
 def _check_every_layer(fused, layers=LAYERS) -> None:

@@ -6,9 +6,8 @@ Mistral's Llama form) fuses with the quant in every decoder layer, and the logit
 import pytest
 import torch
 
-import fxfuse
 from fxfuse.models.quant_linear import quantize_linears
-from tests.helpers import Logits, assert_logits_close
+from tests.helpers import Logits, assert_logits_close, fuse_and_run
 
 transformers = pytest.importorskip("transformers")
 
@@ -33,12 +32,8 @@ def test_decoder_norms_fuse_and_logits_match(name, quant, reference_path):
         rms_norm_eps=1e-6, **extra,
     )  # fmt: skip
     model = getattr(transformers, model_name)(cfg).to(torch.bfloat16).eval()
-    wrapped = Logits(quantize_linears(model, quant))
     input_ids = torch.randint(0, 128, (2, 12))
-    with torch.no_grad():
-        fused = fxfuse.apply_fusions(wrapped, (input_ids,))
-        want = wrapped(input_ids)
-        got = fused(input_ids)
+    fused, got, want = fuse_and_run(Logits(quantize_linears(model, quant)), (input_ids,))
     report = fused.fxfuse_report
     # input_layernorm (q/k/v share one quant) and post_attention_layernorm (gate/up) per layer;
     # the final norm feeds the unquantized lm_head. o_proj's and down_proj's activations are

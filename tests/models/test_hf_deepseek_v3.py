@@ -6,9 +6,13 @@ it becomes the quantized GEMM with the split epilogue."""
 import pytest
 import torch
 
-import fxfuse
 from fxfuse.models.quant_linear import quantize_linears
-from tests.helpers import Logits, assert_kv_b_feeds_only_split_cat, assert_logits_close
+from tests.helpers import (
+    Logits,
+    assert_kv_b_feeds_only_split_cat,
+    assert_logits_close,
+    fuse_and_run,
+)
 
 transformers = pytest.importorskip("transformers")
 LAYERS = 2
@@ -35,9 +39,7 @@ def _fuse_and_run(attn: str, quant: str | None = None):
         model = quantize_linears(model, quant)
     model = Logits(model)
     ids = torch.randint(0, 128, (2, 7))  # 14 tokens: odd per sequence
-    with torch.no_grad():
-        fused = fxfuse.apply_fusions(model, (ids,))
-        return fused, fused(ids), model(ids)
+    return fuse_and_run(model, (ids,))
 
 
 def _kv_b_fused_in_every_layer(fused, op: str = "gemm_split_cat") -> None:

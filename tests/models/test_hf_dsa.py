@@ -13,6 +13,7 @@ from tests.helpers import (
     Logits,
     assert_kv_b_feeds_only_split_cat,
     assert_logits_close,
+    fuse_and_run,
     fused_targets,
 )
 
@@ -48,9 +49,7 @@ def _tiny(name: str, attn: str, indexer_types=None):
 def _fuse(name: str, attn: str):
     model = _tiny(name, attn)
     ids = torch.randint(0, 128, (2, 7))
-    fused = fxfuse.apply_fusions(model, (ids,))  # grad on: the indexer's no_grad region
-    with torch.no_grad():
-        return fused, fused(ids), model(ids)
+    return fuse_and_run(model, (ids,), capture_with_grad=True)  # the indexer's no_grad region
 
 
 def _check_every_layer(fused) -> None:
@@ -84,11 +83,10 @@ def test_glm5_shared_indexer_layer_reuses_the_fused_mask(reference_path):
     chains merge into one fused op per full layer."""
     model = _tiny("glm_moe_dsa", "eager", indexer_types=["full", "shared", "full"])
     ids = torch.randint(0, 128, (2, 7))
-    fused = fxfuse.apply_fusions(model, (ids,))
+    fused, got, want = fuse_and_run(model, (ids,), capture_with_grad=True)
     assert fused.fxfuse_report.counts["topk_mask"] == 2, str(fused.fxfuse_report)
     assert fused_targets(fused).count("fxfuse.topk_mask.default") == 2
-    with torch.no_grad():
-        assert torch.equal(fused(ids), model(ids))
+    assert torch.equal(got, want)
 
 
 def _tiny_v4():
@@ -114,14 +112,12 @@ def test_deepseek_v4_indexer_bias_fuses_and_logits_match(path, monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "0")
     model = _tiny_v4()
     ids = torch.randint(0, 128, (2, 33))  # 8 compressed entries; the first queries see none
-    fused = fxfuse.apply_fusions(model, (ids,))
+    fused, got, want = fuse_and_run(model, (ids,), capture_with_grad=True)
     assert fused.fxfuse_report.counts["topk_mask"] == LAYERS, str(fused.fxfuse_report)
     assert fused_targets(fused).count("fxfuse.topk_mask.default") == LAYERS
     # The top-k left are the MoE routers' (2 experts a token), not the indexers' (3 entries).
     left = [n.args[1] for n in fused.graph.nodes if n.target is torch.ops.aten.topk.default]
     assert left and set(left) == {2}
-    with torch.no_grad():
-        got, want = fused(ids), model(ids)
     if path == "reference":
         assert torch.equal(got, want)
     assert_logits_close(got, want)

@@ -4,9 +4,8 @@ torch-spelled dynamic-FP8 linear: every decoder layer's two norms fuse, and the 
 import pytest
 import torch
 
-import fxfuse
 from fxfuse.models.quant_linear import quantize_linears
-from tests.helpers import Logits, assert_logits_close
+from tests.helpers import Logits, assert_logits_close, fuse_and_run
 
 transformers = pytest.importorskip("transformers")
 
@@ -29,11 +28,7 @@ def test_llama_norms_fuse_and_logits_match(quant, reference_path):
     model = _tiny_llama(quant, layers)
     input_ids = torch.randint(0, 128, (2, 12))
 
-    wrapped = Logits(model)
-    with torch.no_grad():
-        fused = fxfuse.apply_fusions(wrapped, (input_ids,))
-        want = wrapped(input_ids)
-        got = fused(input_ids)
+    fused, got, want = fuse_and_run(Logits(model), (input_ids,))
     report = fused.fxfuse_report
     # input_layernorm (q/k/v share one quant) and post_attention_layernorm (gate/up) per layer;
     # the final norm feeds the unquantized lm_head.

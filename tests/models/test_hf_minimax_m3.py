@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fxfuse
-from tests.helpers import Logits, assert_logits_close, fused_targets
+from tests.helpers import Logits, assert_logits_close, fuse_and_run, fused_targets
 
 transformers = pytest.importorskip("transformers")
 LAYERS = 2
@@ -33,9 +33,7 @@ def _tiny(attn: str):
 def _fuse(attn: str):
     model = _tiny(attn)
     ids = torch.randint(0, 128, (2, 23))
-    fused = fxfuse.apply_fusions(model, (ids,))
-    with torch.no_grad():
-        return fused, fused(ids), model(ids)
+    return fuse_and_run(model, (ids,), capture_with_grad=True)
 
 
 def _check_every_layer(fused) -> None:
