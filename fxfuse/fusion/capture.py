@@ -60,9 +60,11 @@ def inline_no_grad_regions(gm: fx.GraphModule) -> int:
     same; only autograd, which fused graphs do not serve, would record it. Regions that enable
     grad, and bodies holding attributes of their own, stay as they are."""
     hop = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+    if hop is None:
+        return 0
     graph, inlined = gm.graph, 0
     for node in list(graph.nodes):
-        if hop is None or node.op != "call_function" or node.target is not hop:
+        if node.op != "call_function" or node.target is not hop:
             continue
         enabled, body_attr, *operands = node.args
         if enabled is not False or node.kwargs or body_attr.op != "get_attr":

@@ -28,6 +28,11 @@ def fake_mode_of(graph: fx.Graph) -> FakeTensorMode:
     return mode or FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
 
 
+def is_fxfuse_op(node: fx.Node) -> bool:
+    """A call of one of fxfuse's ops (`torch.ops.fxfuse.*`)."""
+    return str(node.target).startswith("fxfuse.")
+
+
 def _leaves(nodes: list[fx.Node]) -> list[fx.Node]:
     inside = set(nodes)
     found: dict[fx.Node, None] = {}
@@ -141,11 +146,11 @@ def _rewrite(rule: Rule, match: Match, outputs: list[fx.Node], ctx: Context) -> 
     if rule.canonical:
         ctx.report.canonicalized[rule.name] = ctx.report.canonicalized.get(rule.name, 0) + 1
         for node in inserter.created:
-            if str(node.target).startswith("fxfuse."):
+            if is_fxfuse_op(node):
                 ctx.canonical_roots[node.name] = match.root.name
     else:
         created = ", ".join(
-            sorted({str(n.target) for n in inserter.created if str(n.target).startswith("fxfuse.")})
+            sorted({str(n.target) for n in inserter.created if is_fxfuse_op(n)})
         )
         ctx.report.add_rewrite(
             rule.name, match.root.name, created, replaced=replaced, created=created_names

@@ -15,7 +15,7 @@ from fxfuse.fusion.cleanup import (
     simplify,
 )
 from fxfuse.fusion.config import PATTERN_NAMES, FusionConfig
-from fxfuse.fusion.engine import fake_mode_of, run_rule
+from fxfuse.fusion.engine import fake_mode_of, is_fxfuse_op, run_rule
 from fxfuse.fusion.prepack import prepack_weights
 from fxfuse.fusion.report import FusionReport
 from fxfuse.patterns.rule import Context
@@ -60,10 +60,6 @@ def run_passes(
     return report
 
 
-def _is_fxfuse(node: fx.Node) -> bool:
-    return str(node.target).startswith("fxfuse.")
-
-
 def _consumed(made: dict[str, str], merged: dict[str, str], sources: dict, alive: set[str]):
     """The spelling roots whose canonical op a fusion consumed. A canonical op that another
     canonicalization replaced (`rms_norm` → `add_rms_norm`) or that was merged into a duplicate
@@ -100,7 +96,7 @@ def _fuse(
             if spellings is not None and id(rule) in spelling_rules:
                 # A spelling's root, or a canonical op made from one (names of made nodes
                 # differ from the trial's, which made more of them).
-                only = lambda node: node.name in spellings or _is_fxfuse(node)  # noqa: E731
+                only = lambda node: node.name in spellings or is_fxfuse_op(node)  # noqa: E731
             run_rule(rule, ctx, only)
             graph.lint()
         # Views first: Llama's q/k/v each flatten the same normed tensor before quantizing it.
