@@ -15,7 +15,12 @@ VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 
 
 def simplify(graph: fx.Graph) -> None:
-    """Drops metadata asserts, unused getitems (max.dim's indices), `x * 1` (`1 / t` traces as `reciprocal(t) * 1`) and view chains."""
+    """Drops metadata asserts, unused getitems (max.dim's indices) and other unused pure nodes
+    (vLLM's `mask = full_like(...)` before `mask = lo & hi`: a reader that would block a
+    rewrite), `x * 1` (`1 / t` traces as `reciprocal(t) * 1`) and view chains."""
+    for node in reversed(list(graph.nodes)):
+        if node.op == "call_function" and not node.users and _pure(node):
+            graph.erase_node(node)
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue

@@ -1798,7 +1798,7 @@ def topk_page_transform(
     scores: torch.Tensor,
     k: int,
     lengths: torch.Tensor,
-    page_table: torch.Tensor,
+    page_table: torch.Tensor | None,
     page_size: int,
     row_starts: torch.Tensor | None = None,
     row_to_batch: torch.Tensor | None = None,
@@ -1811,7 +1811,8 @@ def topk_page_transform(
 ) -> torch.Tensor:
     """Top-k per row, indices mapped through the page table (DeepSeek-V3.2 / GLM-5 DSA):
     out = pt[b, i >> log2(ps)] << log2(ps) | (i & (ps - 1)), `pad` elsewhere
-    (`topk_ref.topk_page_transform_ref`). path: as for `topk_indices`."""
+    (`topk_ref.topk_page_transform_ref`); no page table (page size 1, no row_to_batch): the
+    row-local indices, as `topk_indices`. path: as for `topk_indices`."""
     _check_scores("scores", scores)
     _check_k(k)
     _check_pad(pad)
@@ -1822,6 +1823,14 @@ def topk_page_transform(
     _check_rows("row_starts", row_starts, rows, scores.device)
     _check_rows("row_to_batch", row_to_batch, rows, scores.device)
     _check_power_of_two("page_size", page_size)
+    if page_table is None:
+        if page_size != 1 or row_to_batch is not None:
+            raise ValueError(
+                "page_table: None (the row-local indices) takes page_size 1 and no "
+                f"row_to_batch, got page_size {page_size}"
+            )
+        return topk_indices(scores, k, lengths, row_starts, sorted, pad, config=config,
+                            target=target, path=path)  # fmt: skip
     if (
         not isinstance(page_table, torch.Tensor)
         or page_table.dim() != 2

@@ -136,7 +136,7 @@ def topk_page_transform_ref(
     scores: torch.Tensor,
     k: int,
     lengths: torch.Tensor,
-    page_table: torch.Tensor,
+    page_table: torch.Tensor | None,
     page_size: int,
     row_starts: torch.Tensor | None = None,
     row_to_batch: torch.Tensor | None = None,
@@ -144,7 +144,9 @@ def topk_page_transform_ref(
     pad: int = -1,
 ) -> torch.Tensor:
     """DeepSeek-V3.2 / GLM-5 DSA: top-k per row, then the page-table transform of the indices
-    (padding and indices past the table: `pad`)."""
+    (padding and indices past the table: `pad`); no page table: the row-local indices."""
+    if page_table is None:
+        return topk_indices_ref(scores, k, lengths, row_starts, sorted, pad)
     idx = topk_indices_ref(scores, k, lengths, row_starts, sorted)
     return page_transform_ref(idx, page_table, page_size, row_to_batch, pad)
 

@@ -9,7 +9,9 @@ leaves x's shape; `topk(k).indices` may also be the first k of a descending sort
 - page transform (SGLang's DSA torch fallback): `scores.masked_fill(cols >= lengths[:, None],
   -inf)` → `topk(k).indices` [→ `masked_fill(idx >= lengths, -1)`] → `clamp(min=0)` →
   `page_table[row_to_batch]?.gather(1, i >> s) << s | (i & (ps - 1))` (or `// ps`, `* ps + % ps`,
-  or a plain gather for page size 1) → `masked_fill(invalid, -1)`.
+  or a plain gather for page size 1) → `masked_fill(invalid, -1)`; packed prefill rows (vLLM's
+  DSA prefill): `scores.masked_fill(~((cols >= ks) & (cols < ke)), -inf)` → `topk(k).indices`
+  → `- ks` → `masked_fill(~((local >= 0) & (local - (ke - ks) < 0)), -1)`, no page table.
 - block table (MiniMax-M3): `s.masked_fill(init | local, inf).masked_fill(blk > p // B, -inf)` →
   `topk(k).indices` → `where(idx <= last, idx, BIG)` → `sort()` → `masked_fill(== BIG, -1)`.
 - mask: `ones(bool).scatter(-1, idx, False)` (DeepSeek-V3.2 in HF), `zeros(bool).scatter_(-1,
@@ -69,6 +71,7 @@ WHERE_FILL_LAST = (aten.where.self, aten.where.ScalarOther)  # where(cond, x, fi
 INDEX_PUT = (aten.index_put.default, aten.index_put_.default)  # x[cond] = fill
 NOT = (aten.bitwise_not.default, aten.logical_not.default)
 OR = (aten.bitwise_or.Tensor, aten.__or__.Tensor, aten.logical_or.default)
+AND = (aten.bitwise_and.Tensor, aten.__and__.Tensor, aten.logical_and.default)
 COMPARE = {
     aten.ge.Tensor: "ge", aten.ge.Scalar: "ge", aten.gt.Tensor: "gt", aten.gt.Scalar: "gt",
     aten.le.Tensor: "le", aten.le.Scalar: "le", aten.lt.Tensor: "lt", aten.lt.Scalar: "lt",
@@ -850,6 +853,194 @@ def _cast_to(insert: Inserter, node: fx.Node, dtype: torch.dtype) -> fx.Node:
     return insert.call(prims.convert_element_type.default, (node, dtype))
 
 
+# --- topk_page_transform, packed rows: the offset transform ------------------------------------
+# vLLM / TensorRT-LLM DSA prefill (their torch path, with DeepGEMM's reference logits): each row
+# ranks only its window [ks, ke) of the packed keys, and its indices are made row-local:
+#   scores.masked_fill(~((cols >= ks[:, None]) & (cols < ke[:, None])), -inf) → topk(k).indices
+#   → idx - ks[:, None] → masked_fill(~((idx >= 0) & (idx - (ke - ks)[:, None] < 0)), -1)
+# (also `-=`, where, or-of-outside tests, `local < (ke - ks)[:, None]`, a cast at the end).
+
+_window_scores = _fill(Any("scores"), _leaf, Const("score_fill"), "window_masking")
+_local = Op(
+    (aten.sub.Tensor, aten.sub_.Tensor), _topk_indices(Alt(_window_scores, Any("scores"))),
+    Any("local_start"),
+    alpha=Lit("local_alpha"), name="local",
+)  # fmt: skip
+
+
+class _WithTests(Pat):
+    """`inner`, with the nodes of the fill `prefix`'s condition that read the node bound as
+    `subject` (a tree of tests on it, which the guard checks) taken into the match."""
+
+    def __init__(self, inner: Pat, prefix: str, subject: str):
+        self.inner, self.prefix, self.subject, self.name = inner, prefix, subject, None
+
+    def match(self, value, state):
+        for result in self.inner.match(value, state):
+            subject = result.bindings[self.subject]
+            bad = result.bindings.get(f"{self.prefix}_bad")
+            reads: list[fx.Node] = []
+
+            def visit(node) -> bool:
+                if isinstance(node, (list, tuple)):
+                    return any([visit(item) for item in node])
+                if node is subject:
+                    return True
+                if not (isinstance(node, fx.Node) and node.op == "call_function"):
+                    return False
+                if any([visit(arg) for arg in node.args]):
+                    reads.append(node)
+                    return True
+                return False
+
+            visit(bad if bad is not None else result.bindings.get(f"{self.prefix}_ok"))
+            result = result.copy()
+            result.nodes.extend(reads)
+            yield result
+
+
+_local_out = _WithTests(
+    _fill(_local, _leaf, Const("out_fill"), "out_masking"), "out_masking", "local"
+)
+PACKED_ROWS = Alt(Cast(_local_out), _local_out)
+
+
+def _inside(m: Match, prefix: str) -> list[tuple[object, bool]] | None:
+    """The atoms (node, negated) whose conjunction is where the fill `prefix` keeps its input
+    (the negation of a `_bad` condition, or the `_ok` one), or None for other shapes: nested
+    ands (or ors of the outside tests, by De Morgan) of single tests."""
+    bad, ok = m.get(f"{prefix}_bad"), m.get(f"{prefix}_ok")
+    atoms: list[tuple[object, bool]] = []
+
+    def walk(node, negate: bool) -> bool:
+        node, flipped = _peel(node)
+        negate ^= flipped
+        if isinstance(node, fx.Node) and node.op == "call_function" and (
+            (node.target in AND and not negate) or (node.target in OR and negate)
+        ):
+            return walk(node.args[0], negate) and walk(node.args[1], negate)
+        atoms.append((node, negate))
+        return len(atoms) <= 4
+
+    return atoms if walk(bad if bad is not None else ok, bad is not None) else None
+
+
+def _window(m: Match, length: int) -> tuple[tuple[object, int], tuple[object, int]] | str:
+    """((ks, c_lo), (ke, c_hi)) when the score masking keeps exactly the columns in
+    [ks + c_lo, ke + c_hi) (per-row columns), else a reason."""
+    atoms = _inside(m, "window_masking")
+    bounds: dict[bool, tuple[object, int]] = {}
+    for node, negate in atoms or ():
+        test = length_test(node, _index_of(length))
+        if test is None or test[0] is None:
+            return "its condition is not a window test (cols >= ks) & (cols < ke)"
+        base, offset, past = test
+        lower = past != negate  # kept where col >= n: the window's start
+        if lower in bounds:
+            return "its condition tests one end of the window twice"
+        bounds[lower] = (base, offset)
+    if len(bounds) != 2:
+        return "its condition is not a window test (cols >= ks) & (cols < ke)"
+    return bounds[True], bounds[False]
+
+
+def _local_bound(node, negate: bool, local) -> tuple[str, object, int] | None:
+    """("lo", None, c) for a kept `local >= c`; ("hi", x, c) for a kept `local < x + c` (also
+    spelled `local - x < c`)."""
+    test = length_test(node, _is_node(local))
+    if test is None:
+        seen: list = []
+
+        def is_diff(n) -> bool:
+            ok = (
+                isinstance(n, fx.Node) and n.op == "call_function" and n.target in SUB
+                and n.kwargs.get("alpha", 1) == 1 and same_value(n.args[0], local)
+            )  # fmt: skip
+            if ok:
+                seen.append(n.args[1])
+            return ok
+
+        test = length_test(node, is_diff)
+        if test is None or test[0] is not None:
+            return None
+        test = (seen[0], test[1], test[2])
+    base, offset, past = test
+    if past != negate:  # kept where local >= base + offset
+        return ("lo", None, offset) if base is None else None
+    return "hi", base, offset
+
+
+def _is_width(x, ks, ke) -> bool:
+    """x is ke - ks, per row (`(ke - ks)[:, None]` or `ke[:, None] - ks[:, None]`)."""
+    x = _strip(x)
+    return (
+        isinstance(x, fx.Node) and x.op == "call_function" and x.target in SUB
+        and x.kwargs.get("alpha", 1) == 1
+        and _strip(x.args[0]) is _strip(ke) and _strip(x.args[1]) is _strip(ks)
+    )  # fmt: skip
+
+
+def packed_rows_guard(m: Match, ctx) -> str | None:
+    reason = _check_topk(m, m["scores"], 2, 2) or _inplace_reason(m)
+    if reason:
+        return reason
+    scores = val(m["scores"])
+    length, lead = static_int(scores.shape[-1]), tuple(scores.shape[:-1])
+    if m.get("window_masking") is None:
+        return "the scores are not masked to the row's window [ks, ke) before the top-k"
+    fill = m["score_fill"]
+    if not (isinstance(fill, float) and fill == -math.inf):
+        return f"the scores outside the window are masked with {fill!r}, not -inf"
+    window = _window(m, length)
+    if isinstance(window, str):
+        return f"score masking: {window}"
+    (ks, c_lo), (ke, c_hi) = window
+    reason = _check_lengths_base(ks, lead) or _check_lengths_base(ke, lead)
+    if reason:
+        return f"the window bounds: {reason}"
+    if m["local_alpha"] != 1 or _strip(m["local_start"]) is not _strip(ks) or c_lo != 0:
+        return "the indices are not made local by subtracting the window's start"
+    pad = m["out_fill"]
+    if not isinstance(pad, int) or isinstance(pad, bool) or not -(2**31) <= pad < 0:
+        return f"the output is padded with {pad!r}, not a negative int32"
+    kept = {}
+    for node, negate in _inside(m, "out_masking") or [(None, False)] * 3:
+        bound = _local_bound(node, negate, m["local"])
+        if bound is None or bound[0] in kept:
+            return "output padding: its condition is not (local >= 0) & (local < ke - ks)"
+        kept[bound[0]] = bound[1:]
+    if kept.get("lo") != (None, 0) or "hi" not in kept:
+        return "output padding: it does not keep exactly 0 <= local < the window's width"
+    x, c = kept["hi"]
+    if not (_is_width(x, ks, ke) and c == c_hi):
+        return "output padding: its upper bound is not the window's width ke - ks"
+    if val(m.root).dtype not in INDEX_DTYPES:
+        return f"the output is {val(m.root).dtype}"
+    return None
+
+
+def packed_rows_replace(m: Match, ctx, insert: Inserter):
+    """The op reads [clamp(ks, 0, L), ke) and gives indices from the clamped start; the shift
+    start - ks (0 unless ks < 0) makes them local to ks itself, as the spelled chain does."""
+    scores = m["scores"]
+    length, lead = static_int(val(scores).shape[-1]), tuple(val(scores).shape[:-1])
+    (ks, _), (ke, c_hi) = _window(m, length)
+    ks = _lengths_rows(insert, ks, 0, lead)
+    start = insert.call(aten.clamp_min.default, (ks, 0))  # no aten.clamp: Inductor's
+    start = insert.call(aten.clamp_max.default, (start, length))  # post-grad graph lowers none
+    lengths = insert.call(aten.sub.Tensor, (_lengths_rows(insert, ke, c_hi, lead), start))
+    out = insert.call(
+        fxfuse.topk_page_transform.default,
+        (_unclone(scores), m["k"], lengths, None, 1, start, None, bool(m["sorted"]),
+         m["out_fill"]),
+    )  # fmt: skip
+    shift = insert.call(aten.sub.Tensor, (start, ks))
+    shift = insert.call(aten.unsqueeze.default, (_cast_to(insert, shift, torch.int32), 1))
+    valid = insert.call(aten.ge.Scalar, (out, 0))
+    out = insert.call(aten.where.self, (valid, insert.call(aten.add.Tensor, (out, shift)), out))
+    return [_cast_to(insert, out, val(m.root).dtype)]
+
+
 # --- topk_mask ----------------------------------------------------------------------------------
 
 _mask_base = Alt(
@@ -1462,7 +1653,7 @@ def ctx_replace(m: Match, ctx, insert: Inserter):
 
 
 INPLACE = (aten.masked_fill_.Scalar, aten.masked_fill_.Tensor, aten.index_put_.default,
-           aten.scatter_.value)  # fmt: skip
+           aten.scatter_.value, aten.sub_.Tensor)  # fmt: skip
 
 
 def _mutations(m: Match) -> list[fx.Node]:
@@ -1493,6 +1684,8 @@ def _outputs(m: Match):
 RULES = [
     Rule(name="topk_page_transform", pattern=PAGE_TRANSFORM, outputs=_outputs,
          guard=page_transform_guard, replace=page_transform_replace, mutations=_mutations),
+    Rule(name="topk_page_transform", pattern=PACKED_ROWS, outputs=_outputs,
+         guard=packed_rows_guard, replace=packed_rows_replace, mutations=_mutations),
     Rule(name="topk_block_table", pattern=BLOCK_TABLE, outputs=_outputs,
          guard=block_table_guard, replace=block_table_replace, mutations=_mutations),
     # page ids and ctx lengths spelled on a fused block table: its other two outputs

@@ -62,6 +62,14 @@ def _check_page_transform(scores, k, lengths, page_table, page_size, row_starts,
     _check_index("row_starts", row_starts, (rows,))
     _check_index("row_to_batch", row_to_batch, (rows,))
     _check_power_of_two("page_size", page_size)
+    if page_table is None:
+        if page_size != 1 or row_to_batch is not None:
+            raise ValueError(
+                "page_table: None (the row-local indices themselves) takes page_size 1 and no "
+                f"row_to_batch, got page_size {page_size}, row_to_batch "
+                f"{'given' if row_to_batch is not None else 'None'}"
+            )
+        return
     if page_table.dim() != 2 or page_table.dtype not in INDEX_DTYPES:
         raise ValueError(
             f"page_table: expected a 2-D int32 / int64 table, got {page_table.dtype} "
@@ -74,7 +82,7 @@ def topk_page_transform(
     scores: torch.Tensor,
     k: int,
     lengths: torch.Tensor,
-    page_table: torch.Tensor,
+    page_table: torch.Tensor | None,
     page_size: int,
     row_starts: torch.Tensor | None = None,
     row_to_batch: torch.Tensor | None = None,
@@ -83,7 +91,8 @@ def topk_page_transform(
 ) -> torch.Tensor:
     """Top-k of each row's scores[r, start : start + lengths[r]] mapped through the page table:
     pt[b, i >> log2(ps)] << log2(ps) | (i & (ps - 1)), b = row_to_batch[r] (else r); int32
-    (R, k), valid entries front-packed, `pad` elsewhere."""
+    (R, k), valid entries front-packed, `pad` elsewhere. No page table (page size 1, no
+    row_to_batch): the row-local indices i themselves (vLLM's packed prefill rows)."""
     _check_page_transform(scores, k, lengths, page_table, page_size, row_starts, row_to_batch)
     args = (scores, k, lengths, page_table, page_size, row_starts, row_to_batch, sorted, pad)
     if use_triton(scores, lengths, page_table):

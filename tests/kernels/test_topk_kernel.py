@@ -250,6 +250,20 @@ def test_page_transform_without_row_to_batch_and_out_of_table(small):
     assert ((_set(out) == -1).sum(1) == (idx >= 64).sum(1)).all()  # pages past the table
 
 
+def test_page_transform_without_table_is_the_row_local_indices(small):
+    """No page table (vLLM's packed prefill rows): the indices within each row's window."""
+    scores = torch.randn(4, 300)
+    lengths = torch.tensor([300, 120, 7, 0], dtype=torch.int32)
+    starts = torch.tensor([0, 150, 290, 5], dtype=torch.int32)
+    for sorted in (False, True):
+        out = topk.topk_page_transform(
+            scores, 16, lengths, None, 1, starts, sorted=sorted, pad=-2, config=small
+        )
+        ref = topk_ref.topk_indices_ref(scores, 16, lengths, starts, sorted, pad=-2)
+        assert torch.equal(out if sorted else _set(out), ref if sorted else _set(ref))
+    assert (out[2] >= 0).sum() == 7 and (out[3] == -2).all()
+
+
 # ---------------------------------------------------------------------------------------------
 # block table
 
@@ -463,6 +477,9 @@ def test_page_transform_pad(tiny):
         (lambda s: topk.topk_page_transform(s, 4, _len(), torch.zeros(1, 2).int(), 16), "page_table"),
         (lambda s: topk.topk_page_transform(s, 4, _len(), torch.zeros(3, 2).int(), 16,
                                             row_to_batch=torch.zeros(3)), "row_to_batch"),
+        (lambda s: topk.topk_page_transform(s, 4, _len(), None, 16), "page_table"),
+        (lambda s: topk.topk_page_transform(s, 4, _len(), None, 1, row_to_batch=_len()),
+         "page_table"),
         (lambda s: topk.topk_block_table(s, 4, torch.zeros(2).int()), "positions"),
         (lambda s: topk.topk_block_table(s, 4, _len(), block_size=100), "block_size"),
         (lambda s: topk.topk_block_table(s, 4, _len(), n_init=3, n_local=2), "n_init"),

@@ -413,6 +413,163 @@ def test_page_size_not_power_of_two_does_not_fire(ir, reference_path):
     )
 
 
+# packed prefill rows: each row ranks its window [ks, ke) of the packed keys, indices row-local
+
+
+def vllm_prefill(logits, ks, ke, k=K):
+    """vLLM's DSA prefill torch path (DeepGEMM's reference logits masking, then the indexer's
+    topk, `-=` and validity mask, as in vLLM / TensorRT-LLM), verbatim in structure."""
+    seq_len_kv = logits.shape[-1]
+    mask_lo = torch.arange(0, seq_len_kv)[None, :] >= ks[:, None]
+    mask_hi = torch.arange(0, seq_len_kv)[None, :] < ke[:, None]
+    mask = mask_lo & mask_hi
+    logits = logits.masked_fill(~mask, NEG_INF)
+    topk_indices = logits.topk(min(k, logits.shape[-1]), dim=-1)[1]
+    topk_indices -= ks[:, None]
+    mask_lo = topk_indices >= 0
+    mask_hi = topk_indices - (ke - ks)[:, None] < 0
+    mask = torch.full_like(topk_indices, False, dtype=torch.bool)  # dead, as in vLLM
+    mask = mask_lo & mask_hi
+    topk_indices = topk_indices.masked_fill(~mask, -1)
+    return topk_indices.to(dtype=torch.int32)
+
+
+def outside_where_prefill(logits, ks, ke, k=K):
+    """The window as an or of outside tests, where-spelled fills, unsorted, int64 out."""
+    cols = torch.arange(logits.shape[-1])
+    outside = (cols[None, :] < ks[:, None]) | (cols[None, :] >= ke[:, None])
+    masked = logits.masked_fill(outside, NEG_INF)
+    local = torch.topk(masked, k, dim=-1, sorted=False).indices - ks[:, None]
+    keep = (local >= 0) & (local < (ke - ks)[:, None])
+    return torch.where(keep, local, -1)
+
+
+PACKED_SPELLINGS = {
+    "vllm_prefill": (vllm_prefill, True),
+    "outside_where": (outside_where_prefill, False),
+}
+
+
+def _packed_case(length=48):
+    """Windows of every kind: full, inside, lengths k - 1 / k / k + 1, empty (ke < ks), past the
+    row (ke > L, ks > L) and starting before it (ks < 0: indices still count from ks)."""
+    ks = torch.tensor([0, 5, 10, 20, 30, 12, 40, 60, -3, 0], dtype=torch.int32)
+    ke = torch.tensor([48, 30, 10 + K - 1, 20 + K, 30 + K + 1, 4, 60, 70, 6, 0], dtype=torch.int32)
+    return torch.randn(ks.shape[0], length), ks, ke
+
+
+def _packed_expected(scores, ks, ke, k, sorted_):
+    """Row by row from the contract: the window's columns in [0, L), ranked (NaN as -inf, ties
+    to the lower column), made local to ks; -1 after."""
+    values = _ranked(scores)
+    out = torch.full((scores.shape[0], k), -1, dtype=torch.int64)
+    for r in range(scores.shape[0]):
+        lo, hi = max(int(ks[r]), 0), min(int(ke[r]), scores.shape[1])
+        cols = torch.arange(lo, max(hi, lo))
+        order = torch.sort(values[r, cols], descending=True, stable=True).indices[:k]
+        picked = cols[order] if sorted_ else cols[order].sort().values
+        out[r, : picked.numel()] = picked - int(ks[r])
+    return out
+
+
+def _check_packed(name, args, out, expected):
+    fn, sorted_ = PACKED_SPELLINGS[name]
+    scores, ks, ke = args
+    assert out.dtype == expected.dtype and out.shape == expected.shape
+    ref = _packed_expected(scores, ks, ke, K, sorted_)
+    assert torch.equal(out.long() if sorted_ else out.long().sort(-1).values,
+                       ref if sorted_ else ref.sort(-1).values)  # fmt: skip
+    # against the unfused chain: the same scores (the columns local + ks) up to equal ones
+    def cols(t):
+        return torch.where(t >= 0, t.long() + ks[:, None].long(), -1)
+
+    assert _same_up_to_ties(scores, cols(out), cols(expected))
+
+
+@pytest.mark.parametrize("ir", ["export", "compile"])
+@pytest.mark.parametrize("name", list(PACKED_SPELLINGS))
+def test_packed_rows_spelling_fires(name, ir, reference_path):
+    fn = PACKED_SPELLINGS[name][0]
+    args = _packed_case()
+    out, report, ops = _fuse(fn, args, ir)
+    _assert_fired(report, ops, "topk_page_transform", "fxfuse.topk_page_transform")
+    _check_packed(name, args, out, fn(*args))
+    valid = out[8][out[8] >= 0]  # ks -3, ke 6: columns 0..5, as 3..8
+    assert valid.numel() == 6 and set(valid.tolist()) == set(range(3, 9))
+
+
+@pytest.mark.parametrize("kind", ["constant", "ties", "neg_inf", "top22_equal"])
+def test_packed_rows_adversarial(kind, reference_path):
+    _, ks, ke = _packed_case()
+    args = (_adversarial(kind, ks.shape[0], 48), ks, ke)
+    out, report, ops = _fuse(vllm_prefill, args, "export")
+    _assert_fired(report, ops, "topk_page_transform", "fxfuse.topk_page_transform")
+    _check_packed("vllm_prefill", args, out, vllm_prefill(*args))
+
+
+def test_packed_rows_kernel_in_interpreter():
+    args = _packed_case()
+    out, report, ops = _fuse(outside_where_prefill, args, "export")
+    _assert_fired(report, ops, "topk_page_transform", "fxfuse.topk_page_transform")
+    _check_packed("outside_where", args, out, outside_where_prefill(*args))
+
+
+def opaque_logits(logits, ks, ke, k=K):
+    """vLLM with DeepGEMM's fp8_mqa_logits: the window masking happens inside that kernel, so the
+    graph's top-k ranks the whole row and may pick outside the window."""
+    local = logits.topk(k, dim=-1)[1] - ks[:, None]
+    return local.masked_fill(~((local >= 0) & (local - (ke - ks)[:, None] < 0)), -1)
+
+
+def no_lower_bound(logits, ks, ke, k=K):
+    cols = torch.arange(logits.shape[-1])
+    local = logits.masked_fill(cols[None, :] >= ke[:, None], NEG_INF).topk(k)[1] - ks[:, None]
+    return local.masked_fill(~((local >= 0) & (local - (ke - ks)[:, None] < 0)), -1)
+
+
+def upper_not_width(logits, ks, ke, k=K):
+    cols = torch.arange(logits.shape[-1])
+    masked = logits.masked_fill(~((cols >= ks[:, None]) & (cols < ke[:, None])), NEG_INF)
+    local = masked.topk(k)[1] - ks[:, None]
+    return local.masked_fill(~((local >= 0) & (local < ke[:, None])), -1)
+
+
+def only_upper_kept(logits, ks, ke, k=K):
+    cols = torch.arange(logits.shape[-1])
+    masked = logits.masked_fill(~((cols >= ks[:, None]) & (cols < ke[:, None])), NEG_INF)
+    local = masked.topk(k)[1] - ks[:, None]
+    return local.masked_fill(local - (ke - ks)[:, None] >= 0, -1)
+
+
+def local_to_end(logits, ks, ke, k=K):
+    cols = torch.arange(logits.shape[-1])
+    masked = logits.masked_fill(~((cols >= ks[:, None]) & (cols < ke[:, None])), NEG_INF)
+    local = masked.topk(k)[1] - ke[:, None]
+    return local.masked_fill(~((local >= 0) & (local - (ke - ks)[:, None] < 0)), -1)
+
+
+def zero_pad(logits, ks, ke, k=K):
+    cols = torch.arange(logits.shape[-1])
+    masked = logits.masked_fill(~((cols >= ks[:, None]) & (cols < ke[:, None])), NEG_INF)
+    local = masked.topk(k)[1] - ks[:, None]
+    return local.masked_fill(~((local >= 0) & (local - (ke - ks)[:, None] < 0)), 0)
+
+
+@pytest.mark.parametrize(
+    "fn,reason",
+    [
+        (opaque_logits, "not masked to the row's window"),
+        (no_lower_bound, "not a window test"),
+        (upper_not_width, "not the window's width"),
+        (only_upper_kept, "does not keep exactly 0 <= local"),
+        (local_to_end, "not made local by subtracting the window's start"),
+        (zero_pad, "not a negative int32"),
+    ],
+)
+def test_packed_rows_near_misses(fn, reason, reference_path):
+    _assert_not_fired(fn, _packed_case(), "topk_page_transform", reason)
+
+
 # --- topk_block_table ---------------------------------------------------------------------------
 
 
@@ -1139,6 +1296,7 @@ def _op_args():
         ("topk_page_transform", (scores, K, lengths.int(), table[r2b], 16, lengths // 8, None,
                                  False, 0)),
         ("topk_block_table", (bs, K, pos, 128, 1, 2, 2, 2)),
+        ("topk_page_transform", (scores, K, lengths, None, 1, lengths // 8, None, True, -1)),
         ("topk_block_table", (bs.reshape(-1, 20), K, pos.repeat_interleave(2), 128, 0, 0, 0, 1)),
         ("topk_mask", (torch.randn(2, 3, 40), K, None, 4, torch.bool, 1.0, 0.0, False)),
         ("topk_mask", (torch.randn(5, 40), K, torch.tensor(MASK_LENGTHS), 1, torch.bfloat16,
@@ -1148,7 +1306,7 @@ def _op_args():
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case", range(7))
+@pytest.mark.parametrize("case", range(8))
 def test_ops_pass_opcheck(case, reference_path):
     name, args = _op_args()[case]
     torch.library.opcheck(getattr(torch.ops.fxfuse, name).default, args)
