@@ -50,6 +50,11 @@ KV_B_MS = (32, 128, 1024, 4096, 8192, 16384, 32768)
 # Not DeepSeek: widths that are no multiple of a tile (column-scatter epilogue).
 OTHER = {"k": 1024, "d": 8, "s1": 96, "s2": 160, "s3": 32}
 OTHER_MS = (128, 512, 8192)
+# Not DeepSeek, a real model: MiniCPM3-4B's MLA kv_b (TP1): K 256 (kv_lora_rank), 40 heads ×
+# (64 qk_nope + 64 v), rope 32.
+MINICPM3 = {"k": 256, "d": 40, "s1": 64, "s2": 64, "s3": 32}
+MINICPM3_MS = (128, 1024, 8192, 16384, 32768)
+CASES = {"kv_b": KV_B, "other": OTHER, "minicpm3": MINICPM3}
 SWEEP_BUCKETS = (32, 128, 1024, 4096, 8192, 16384, 32768)
 
 
@@ -249,7 +254,7 @@ def bench_split_case(m: int, device) -> dict:
 
 def print_header() -> None:
     print(
-        f"{'case':<6} {'m':>6} {'fxfuse':>9} {'again':>9} {'eager':>9} {'inductor':>9} "
+        f"{'case':<8} {'m':>6} {'fxfuse':>9} {'again':>9} {'eager':>9} {'inductor':>9} "
         f"{'gemm':>9} {'roof':>8} {'/gemm':>6} {'ind/fx':>6} {'%roof':>6}  timing    "
         f"{'host':>8} {'triton':>9} {'vendor':>9}  bar"
     )
@@ -263,7 +268,7 @@ def print_rows(rows: list[dict]) -> None:
         if m >= BAR_MIN_M:
             bar = "PASS" if vs_gemm <= 1.1 and vs_inductor >= 1.25 else "FAIL"
         print(
-            f"{row['case']:<6} {m:>6} {fx:>9.2f} {row['fxfuse_repeat_us']:>9.2f} "
+            f"{row['case']:<8} {m:>6} {fx:>9.2f} {row['fxfuse_repeat_us']:>9.2f} "
             f"{peers['eager']:>9.2f} {peers['inductor']:>9.2f} {peers['gemm_alone']:>9.2f} "
             f"{row['roofline_us']:>8.2f} {vs_gemm:>6.3f} {vs_inductor:>6.3f} "
             f"{100 * row['roofline_us'] / fx:>5.1f}%  {row['timing']:<10}"
@@ -365,6 +370,7 @@ def main() -> None:
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes in the interpreter")
     parser.add_argument("--graph-all", action="store_true", help="every row in a CUDA graph")
     parser.add_argument("--m", default=None, help="kv_b M values, comma-separated")
+    parser.add_argument("--cases", default="kv_b,other,minicpm3", help="shapes, comma-separated")
     args = parser.parse_args()
     kv_b_ms = tuple(int(v) for v in args.m.split(",")) if args.m else KV_B_MS
     if args.out:
@@ -385,7 +391,8 @@ def main() -> None:
         check_gemm_split(device)
         rows = []
         print_header()
-        cases = [("kv_b", m, KV_B) for m in kv_b_ms] + [("other", m, OTHER) for m in OTHER_MS]
+        ms = {"kv_b": kv_b_ms, "other": OTHER_MS, "minicpm3": MINICPM3_MS}
+        cases = [(name, m, CASES[name]) for name in args.cases.split(",") for m in ms[name]]
         for name, m, shape in cases:
             rows.append(bench_case(name, m, shape, compiled_chain, device, args.graph_all))
             print_rows(rows[-1:])
