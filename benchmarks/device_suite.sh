@@ -55,7 +55,7 @@ for s in $STEPS; do
         python benchmarks/install_gemm_sweep.py $t "$RES/${t}_sweep.json" \
           && cp fxfuse/runtime/tables/$t.json "$RES/${t}_table.json"; echo "=== $t install rc=$?"
       done ;;
-    split_cat) step split_cat "${T_SPLIT:-70}" python benchmarks/bench_gemm_split_cat.py --out "$RES" ;;
+    split_cat) step split_cat "${T_SPLIT:-70}" python benchmarks/bench_gemm_split_cat.py ${SPLIT_ARGS:-} --out "$RES" ;;
     split_cat_quant) step split_cat_quant "${T_SPLIT_QUANT:-200}" python benchmarks/bench_gemm_split_cat_quant.py ${SPLIT_QUANT_ARGS:-} --out "$RES" ;;
     split_cat_sweep) step split_cat_sweep "${T_SPLIT_SWEEP:-120}" python benchmarks/bench_gemm_split_cat.py --sweep-only ${SPLIT_SWEEP_ARGS:-} --out "$RES" ;;
     split_cat_install)  # the sweep's sm90 entries into the table before timing with it
@@ -73,6 +73,7 @@ for s in $STEPS; do
     decode_tables)  # the A16WFP4 decode's table operands: GPU-checked (tests), then timed
       step decode_tables_tests "${T_TESTS:-120}" python -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_gemm_mxfp4_kernel.py -k decode_and_swap
       step decode_tables "${T_DECODE_ROWS:-200}" python benchmarks/experiments/decode_rows.py --tables --cases a16wfp4 --m ${DECODE_TABLES_M:-1,16,32} --out "$RES" ;;
+    packed) step packed "${T_PACKED:-150}" python benchmarks/experiments/packed_prefill.py ${PACKED_ARGS:-} --out "$RES" ;;
     demo) step demo "${T_DEMO:-90}" python -m fxfuse demo ;;
     layer) step layer "${T_LAYER:-60}" python benchmarks/bench_layer.py ${LAYER_ARGS:-} --out "$RES" ;;
     *) echo "unknown step $s" ;;

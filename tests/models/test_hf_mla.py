@@ -1,0 +1,70 @@
+"""HF transformers' other MLA models (tiny configs, random weights, never downloaded): MiniCPM3,
+LongCat-Flash, Sarvam-MLA, Kimi-Linear (its full-attention layers) and DeepSeek-V2 spell the
+kv_b GEMM → split → cat as DeepSeek-V3 does, with their own head widths; each kv_b becomes one
+`fxfuse.gemm_split_cat` and the logits are the same bytes on the reference path."""
+
+import pytest
+import torch
+
+from tests.helpers import Logits, assert_logits_close, fuse_and_run
+
+transformers = pytest.importorskip("transformers")
+
+# 4 heads of qk_nope 16 | v 16 from a 32-wide latent, rope 8; dense MLPs where the model has a
+# switch for them (the MoE router is not what is tested).
+MLA = dict(
+    vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48,
+    qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, head_dim=8, qk_head_dim=24,
+    max_position_embeddings=64, pad_token_id=0,
+)  # fmt: skip
+SMALL_MOE = dict(
+    moe_intermediate_size=32, expert_ffn_hidden_size=32, ffn_hidden_size=32, n_routed_experts=4,
+    num_experts=4, num_experts_per_tok=2, first_k_dense_replace=2, n_group=1, topk_group=1,
+)  # fmt: skip
+# model type -> the layers with an MLA kv_b
+MODELS = {"minicpm3": 2, "longcat_flash": 2, "sarvam_mla": 2, "kimi_linear": 1, "deepseek_v2": 2}
+
+
+def _tiny(model_type: str):
+    cfg = transformers.AutoConfig.for_model(model_type)
+    for key, value in MLA.items():
+        setattr(cfg, key, value)
+    for key, value in SMALL_MOE.items():
+        if hasattr(cfg, key):
+            setattr(cfg, key, value)
+    if model_type == "kimi_linear":  # one linear-attention (KDA) layer, one MLA layer
+        cfg.layer_types = ["linear_attention", "full_attention"]
+        cfg.mlp_layer_types = ["dense", "dense"]
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).eval()
+
+
+def _kv_b_weights(gm):
+    return [
+        n for n in gm.graph.nodes if n.op == "get_attr" and n.target.endswith("kv_b_proj.weight")
+    ]
+
+
+def _fuse(model_type: str):
+    ids = torch.randint(0, 128, (2, 7))
+    fused, got, want = fuse_and_run(Logits(_tiny(model_type)), (ids,))
+    layers = MODELS[model_type]
+    assert fused.fxfuse_report.counts["gemm_split_cat"] == layers, str(fused.fxfuse_report)
+    weights = _kv_b_weights(fused)
+    assert len(weights) == layers
+    for weight in weights:  # read by the fused op alone
+        assert [str(u.target) for u in weight.users] == ["fxfuse.gemm_split_cat.default"]
+    return got, want
+
+
+@pytest.mark.parametrize("model_type", list(MODELS))
+def test_kv_b_fuses_and_logits_are_the_same_bytes(model_type, reference_path):
+    got, want = _fuse(model_type)
+    assert torch.equal(got, want)
+
+
+def test_minicpm3_kv_b_kernel_in_interpreter():
+    got, want = _fuse("minicpm3")
+    assert_logits_close(got, want)
