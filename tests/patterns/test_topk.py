@@ -507,6 +507,22 @@ def test_packed_rows_adversarial(kind, reference_path):
     _check_packed("vllm_prefill", args, out, vllm_prefill(*args))
 
 
+def test_packed_rows_dynamic_row_count(reference_path):
+    """One capture with a symbolic row count serves other counts and random windows (starts
+    before 0, ends past L, empty ones included)."""
+    rows = torch.export.Dim("rows", min=2, max=64)
+    fused = fxfuse.apply_fusions(
+        Model(vllm_prefill), _packed_case(), dynamic_shapes=(({0: rows}, {0: rows}, {0: rows}),)
+    )
+    assert fused.fxfuse_report.counts["topk_page_transform"] == 1, str(fused.fxfuse_report)
+    for n in (3, 17, 40):
+        ks = torch.randint(-5, 50, (n,), dtype=torch.int32)
+        ke = ks + torch.randint(-3, 30, (n,), dtype=torch.int32)
+        scores = torch.randn(n, 48)
+        want = _packed_expected(scores, ks, ke, K, True)
+        assert torch.equal(fused(scores, ks, ke).long(), want)
+
+
 def test_packed_rows_kernel_in_interpreter():
     args = _packed_case()
     out, report, ops = _fuse(outside_where_prefill, args, "export")
