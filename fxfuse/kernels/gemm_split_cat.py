@@ -629,6 +629,13 @@ def cat_pieces(c: torch.Tensor, d: int, s1: int, s2: int, y: torch.Tensor) -> to
 def _plan_uncached(m, n, k, d, widths, s3, config, target) -> dict:
     """Everything host-side about a launch that depends only on shapes and the config."""
     cfg = _launch_config(m, n, k, config, target, None)
+    head = widths[0] if len(widths) == 2 and widths[0] == widths[1] else 0
+    narrower = 2 * head in (64, 128) and cfg["BLOCK_N"] > 2 * head
+    if not config and cfg.get("PERSISTENT") and s3 and narrower:
+        # Head tiles are one head wide: the table's persistent rows, tuned on 256-wide kv_b
+        # heads, take narrower heads (MiniCPM3's 64 + 64) one a tile, with the same rows and
+        # K step, instead of 256-column tiles scattering each column.
+        cfg = {**cfg, "BLOCK_N": 2 * head}
     block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     split_k = cfg["SPLIT_K"]
     copy = _copy_meta(m * d, s3)

@@ -264,6 +264,22 @@ def test_head_tile_table_entries_fit_kv_b():
         assert not any(e["config"]["PERSISTENT"] for e in table["targets"][target]["entries"])
 
 
+def test_head_tiles_narrow_to_one_head():
+    """A persistent entry tuned on kv_b's 256-wide heads takes MiniCPM3's 64 + 64 heads one a
+    tile (BLOCK_N 128), so they run the head-tile kernel, not a column scatter."""
+    from fxfuse.kernels.gemm_split_cat import _plan
+
+    for m in (300, 4096):
+        table = launch_tables.lookup("gemm_split_cat", "sm90", m=m, n=5120, k=256)
+        assert table["PERSISTENT"] == 1 and table["BLOCK_N"] == 256
+        cfg = _plan(m, 5120, 256, 40, (64, 64), 32, None, "sm90", None)["cfg"]
+        assert cfg["BLOCK_N"] == 128 and cfg["BLOCK_M"] == table["BLOCK_M"]
+        kv_b = _plan(m, 4096, 512, 16, (128, 128), 64, None, "sm90", None)["cfg"]
+        assert kv_b["BLOCK_N"] == 256
+    # unequal pieces keep the table's tile
+    assert _plan(4096, 4096, 512, 16, (96, 160), 32, None, "sm90", None)["cfg"]["BLOCK_N"] == 256
+
+
 def test_launch_table_covers_every_target():
     table = launch_tables.load_table("gemm_split_cat")
     for target in ("sm90", "gfx950", "gfx942", "cpu"):
@@ -284,5 +300,19 @@ def test_deepseek_kv_b_on_gpu(m, head_tile_calls):
     y = make_y("expand", m, 16, 64, torch.bfloat16)
     check_split_cat(x, w, 16, 128, 128, y)
     # sm90's table sends M > 128 to the head-tile kernel (TMA: sm90 and later).
+    if torch.cuda.get_device_capability()[0] >= 9 and torch.version.hip is None:
+        assert head_tile_calls == ([m] if m > 128 else [])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("m", [32, 300, 1000, 4100])
+def test_minicpm3_kv_b_on_gpu(m, head_tile_calls):
+    """MiniCPM3's kv_b (K 256, 40 heads of 64 + 64, rope 32): head tiles one head wide."""
+    torch.manual_seed(m)
+    x = torch.randn(m, 256, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(40 * 128, 256, dtype=torch.bfloat16, device="cuda") / 16
+    y = make_y("expand", m, 40, 32, torch.bfloat16)
+    check_split_cat(x, w, 40, 64, 64, y)
     if torch.cuda.get_device_capability()[0] >= 9 and torch.version.hip is None:
         assert head_tile_calls == ([m] if m > 128 else [])
