@@ -280,6 +280,20 @@ def test_head_tiles_narrow_to_one_head():
     assert _plan(4096, 4096, 512, 16, (96, 160), 32, None, "sm90", None)["cfg"]["BLOCK_N"] == 256
 
 
+def test_narrowed_head_tiles_run_in_interpreter(head_tile_calls):
+    """sm90's persistent entry (256-wide tiles; N > 2048) narrowed to 32 + 32 heads: the
+    head-tile kernel itself, one head a tile, equals the reference."""
+    torch.manual_seed(3)
+    x = make_x("contiguous", 600, 64, torch.bfloat16)
+    w = torch.randn(40 * 64, 64, dtype=torch.bfloat16, device=DEVICE)
+    y = make_y("expand", 600, 40, 8, torch.bfloat16)
+    out, c2 = gemm_split_cat(x, w, 40, 32, 32, y, target="sm90")
+    assert head_tile_calls == [600]
+    c = gemm64(x, w, 40)
+    assert rel_err(out[..., :32], c[..., :32]) <= RTOL and rel_err(c2, c[..., 32:]) <= RTOL
+    assert torch.equal(out[..., 32:], y)
+
+
 def test_launch_table_covers_every_target():
     table = launch_tables.load_table("gemm_split_cat")
     for target in ("sm90", "gfx950", "gfx942", "cpu"):
