@@ -255,11 +255,15 @@ def test_head_tile_kernel_declines_what_it_cannot_take(why, k, s1, s2, x_kind, h
 
 
 def test_head_tile_table_entries_fit_kv_b():
-    """sm90's head-tile entries are kv_b's (s1 = s2 = 128): BLOCK_N = 256; other targets: none."""
+    """sm90's head-tile entries are kv_b's (s1 = s2 = 128): BLOCK_N = 256, and for K <= 256
+    MiniCPM3's (64 + 64): 128; other targets: none."""
     table = launch_tables.load_table("gemm_split_cat")
     sm90 = table["targets"]["sm90"]["entries"]
-    persistent = [e["config"] for e in sm90 if e["config"]["PERSISTENT"]]
-    assert persistent and all(c["BLOCK_N"] == 256 and c["SPLIT_K"] == 1 for c in persistent)
+    persistent = [e for e in sm90 if e["config"]["PERSISTENT"]]
+    assert persistent and all(e["config"]["SPLIT_K"] == 1 for e in persistent)
+    for entry in persistent:
+        narrow = entry["when"].get("k_max") == 256
+        assert entry["config"]["BLOCK_N"] == (128 if narrow else 256), entry
     for target in ("gfx950", "gfx942"):
         assert not any(e["config"]["PERSISTENT"] for e in table["targets"][target]["entries"])
 
@@ -269,10 +273,10 @@ def test_head_tiles_narrow_to_one_head():
     tile (BLOCK_N 128), so they run the head-tile kernel, not a column scatter."""
     from fxfuse.kernels.gemm_split_cat import _plan
 
-    for m in (300, 4096):
-        table = launch_tables.lookup("gemm_split_cat", "sm90", m=m, n=5120, k=256)
+    for m in (300, 4096):  # K 512: the kv_b entries (MiniCPM3's K 256 has entries of its own)
+        table = launch_tables.lookup("gemm_split_cat", "sm90", m=m, n=5120, k=512)
         assert table["PERSISTENT"] == 1 and table["BLOCK_N"] == 256
-        cfg = _plan(m, 5120, 256, 40, (64, 64), 32, None, "sm90", None)["cfg"]
+        cfg = _plan(m, 5120, 512, 40, (64, 64), 32, None, "sm90", None)["cfg"]
         assert cfg["BLOCK_N"] == 128 and cfg["BLOCK_M"] == table["BLOCK_M"]
         kv_b = _plan(m, 4096, 512, 16, (128, 128), 64, None, "sm90", None)["cfg"]
         assert kv_b["BLOCK_N"] == 256
