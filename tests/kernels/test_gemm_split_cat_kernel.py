@@ -308,29 +308,22 @@ def test_launch_table_covers_every_target():
         assert table["targets"][target]["timed"] is False
 
 
+# (K, heads, s1 = s2, S3): DeepSeek's kv_b (128 + 128 heads: the table's 256-wide head tiles)
+# and MiniCPM3's (K 256, 64 + 64 heads: its own entries, one head a tile).
+KV_B_SHAPES = {"deepseek": (512, 16, 128, 64), "minicpm3": (256, 40, 64, 32)}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("model", list(KV_B_SHAPES))
 @pytest.mark.parametrize("m", [32, 300, 1000, 4100])
-def test_deepseek_kv_b_on_gpu(m, head_tile_calls):
+def test_kv_b_on_gpu(model, m, head_tile_calls):
+    k, d, s, s3 = KV_B_SHAPES[model]
     torch.manual_seed(m)
-    x = torch.randn(m, 512, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(16 * 256, 512, dtype=torch.bfloat16, device="cuda") / 16
-    y = make_y("expand", m, 16, 64, torch.bfloat16)
-    check_split_cat(x, w, 16, 128, 128, y)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(d * 2 * s, k, dtype=torch.bfloat16, device="cuda") / 16
+    y = make_y("expand", m, d, s3, torch.bfloat16)
+    check_split_cat(x, w, d, s, s, y)
     # sm90's table sends M > 128 to the head-tile kernel (TMA: sm90 and later).
-    if torch.cuda.get_device_capability()[0] >= 9 and torch.version.hip is None:
-        assert head_tile_calls == ([m] if m > 128 else [])
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("m", [32, 300, 1000, 4100])
-def test_minicpm3_kv_b_on_gpu(m, head_tile_calls):
-    """MiniCPM3's kv_b (K 256, 40 heads of 64 + 64, rope 32): head tiles one head wide."""
-    torch.manual_seed(m)
-    x = torch.randn(m, 256, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(40 * 128, 256, dtype=torch.bfloat16, device="cuda") / 16
-    y = make_y("expand", m, 40, 32, torch.bfloat16)
-    check_split_cat(x, w, 40, 64, 64, y)
     if torch.cuda.get_device_capability()[0] >= 9 and torch.version.hip is None:
         assert head_tile_calls == ([m] if m > 128 else [])
