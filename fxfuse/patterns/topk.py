@@ -1003,11 +1003,15 @@ def packed_rows_guard(m: Match, ctx) -> str | None:
     pad = m["out_fill"]
     if not isinstance(pad, int) or isinstance(pad, bool) or not -(2**31) <= pad < 0:
         return f"the output is padded with {pad!r}, not a negative int32"
+    not_window = "output padding: its condition is not (local >= 0) & (local < ke - ks)"
+    atoms = _inside(m, "out_masking")
+    if atoms is None:
+        return not_window
     kept = {}
-    for node, negate in _inside(m, "out_masking") or [(None, False)] * 3:
+    for node, negate in atoms:
         bound = _local_bound(node, negate, m["local"])
         if bound is None or bound[0] in kept:
-            return "output padding: its condition is not (local >= 0) & (local < ke - ks)"
+            return not_window
         kept[bound[0]] = bound[1:]
     if kept.get("lo") != (None, 0) or "hi" not in kept:
         return "output padding: it does not keep exactly 0 <= local < the window's width"
