@@ -2,6 +2,8 @@
 
 import torch
 
+from fxfuse.fusion.engine import is_fxfuse_op
+
 
 def bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit-for-bit equality of two tensors of one dtype and shape (NaNs compare by their bits)."""
@@ -38,16 +40,18 @@ def assert_logits_close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 def fused_targets(gm) -> list[str]:
-    return [str(n.target) for n in gm.graph.nodes if str(n.target).startswith("fxfuse.")]
+    return [str(n.target) for n in gm.graph.nodes if is_fxfuse_op(n)]
 
 
 def assert_kv_b_feeds_only_split_cat(gm, layers: int, op: str = "gemm_split_cat") -> None:
-    """Every layer's kv_b weight is read by the fused GEMM → split → cat (`fxfuse.<op>`) and
-    nothing else."""
-    for layer in range(layers):
-        suffix = f"layers.{layer}.self_attn.kv_b_proj.weight"
-        weight = next(n for n in gm.graph.nodes if n.op == "get_attr" and n.target.endswith(suffix))
-        assert [str(u.target) for u in weight.users] == [f"fxfuse.{op}.default"], layer
+    """The graph holds `layers` kv_b weights, each read by the fused GEMM → split → cat
+    (`fxfuse.<op>`) and nothing else."""
+    weights = [
+        n for n in gm.graph.nodes if n.op == "get_attr" and n.target.endswith("kv_b_proj.weight")
+    ]
+    assert len(weights) == layers, [w.target for w in weights]
+    for weight in weights:
+        assert [str(u.target) for u in weight.users] == [f"fxfuse.{op}.default"], weight.target
 
 
 class Logits(torch.nn.Module):

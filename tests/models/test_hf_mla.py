@@ -6,7 +6,12 @@ kv_b GEMM → split → cat as DeepSeek-V3 does, with their own head widths; eac
 import pytest
 import torch
 
-from tests.helpers import Logits, assert_logits_close, fuse_and_run
+from tests.helpers import (
+    Logits,
+    assert_kv_b_feeds_only_split_cat,
+    assert_logits_close,
+    fuse_and_run,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -41,21 +46,12 @@ def _tiny(model_type: str):
     return transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).eval()
 
 
-def _kv_b_weights(gm):
-    return [
-        n for n in gm.graph.nodes if n.op == "get_attr" and n.target.endswith("kv_b_proj.weight")
-    ]
-
-
 def _fuse(model_type: str):
     ids = torch.randint(0, 128, (2, 7))
     fused, got, want = fuse_and_run(Logits(_tiny(model_type)), (ids,))
     layers = MODELS[model_type]
     assert fused.fxfuse_report.counts["gemm_split_cat"] == layers, str(fused.fxfuse_report)
-    weights = _kv_b_weights(fused)
-    assert len(weights) == layers
-    for weight in weights:  # read by the fused op alone
-        assert [str(u.target) for u in weight.users] == ["fxfuse.gemm_split_cat.default"]
+    assert_kv_b_feeds_only_split_cat(fused, layers)
     return got, want
 
 
