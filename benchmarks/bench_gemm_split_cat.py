@@ -54,7 +54,13 @@ OTHER_MS = (128, 512, 8192)
 # (64 qk_nope + 64 v), rope 32.
 MINICPM3 = {"k": 256, "d": 40, "s1": 64, "s2": 64, "s3": 32}
 MINICPM3_MS = (128, 1024, 8192, 16384, 32768)
-CASES = {"kv_b": KV_B, "other": OTHER, "minicpm3": MINICPM3}
+# Real models with DeepSeek's head layout (K 512, 128 + 128, rope 64) at other head counts, so
+# other N: LongCat-Flash (64 heads) at TP8 → 8 heads, N 2048; Kimi-Linear (32 heads) at TP1 → N 8192.
+LONGCAT_TP8 = {"k": 512, "d": 8, "s1": 128, "s2": 128, "s3": 64}
+KIMI_LINEAR = {"k": 512, "d": 32, "s1": 128, "s2": 128, "s3": 64}
+HEADS_MS = (128, 1024, 8192, 16384, 32768)
+CASES = {"kv_b": KV_B, "other": OTHER, "minicpm3": MINICPM3, "longcat_tp8": LONGCAT_TP8,
+         "kimi_linear": KIMI_LINEAR}
 SWEEP_BUCKETS = (32, 128, 1024, 4096, 8192, 16384, 32768)
 
 
@@ -397,7 +403,8 @@ def main() -> None:
         check_gemm_split(device)
         rows = []
         print_header()
-        ms = {"kv_b": kv_b_ms, "other": OTHER_MS, "minicpm3": MINICPM3_MS}
+        ms = {"kv_b": kv_b_ms, "other": OTHER_MS, "minicpm3": MINICPM3_MS,
+              "longcat_tp8": HEADS_MS, "kimi_linear": HEADS_MS}
         cases = [(name, m, CASES[name]) for name in args.cases.split(",") for m in ms[name]]
         for name, m, shape in cases:
             rows.append(bench_case(name, m, shape, compiled_chain, device, args.graph_all))
