@@ -55,7 +55,8 @@ OTHER_MS = (128, 512, 8192)
 MINICPM3 = {"k": 256, "d": 40, "s1": 64, "s2": 64, "s3": 32}
 MINICPM3_MS = (128, 1024, 8192, 16384, 32768)
 # Real models with DeepSeek's head layout (K 512, 128 + 128, rope 64) at other head counts, so
-# other N: LongCat-Flash (64 heads) at TP8 → 8 heads, N 2048; Kimi-Linear (32 heads) at TP1 → N 8192.
+# other N: LongCat-Flash (64 heads) at TP8 → 8 heads, N 2048; Kimi-Linear (32 heads) at TP1,
+# N 8192.
 LONGCAT_TP8 = {"k": 512, "d": 8, "s1": 128, "s2": 128, "s3": 64}
 KIMI_LINEAR = {"k": 512, "d": 32, "s1": 128, "s2": 128, "s3": 64}
 HEADS_MS = (128, 1024, 8192, 16384, 32768)
