@@ -289,7 +289,7 @@ def sweep_configs(m: int) -> list[dict]:
     """Candidate sm90 configs for one M bucket (shared memory ≤ 227 KB a block)."""
     configs = []
     if m <= 128:
-        space = [(bm, bn, bk, sk, 4, 3) for bm in (16, 32, 64) for bn in (64, 128)
+        space = [(bm, bn, bk, sk, 4, 3) for bm in (16, 32, 64, 128) for bn in (32, 64, 128)
                  for bk in (128, 256) for sk in (1, 2, 4)]  # fmt: skip
     else:
         space = [(bm, bn, bk, 1, nw, st) for bm in (64, 128) for bn in (128, 256)
