@@ -140,3 +140,59 @@ def test_torch_compile_backend_fuses_the_indexer(name, reference_path):
     assert counts[0]["topk_mask"] == LAYERS, counts
     assert counts[0]["gemm_split_cat"] == (LAYERS if name == "deepseek_v32" else 0), counts
     assert torch.equal(outs[0], outs[1])
+
+
+# Other DSA models in HF transformers: (model type, config fields, indexers, MLA layers). Each
+# layer with its own indexer fuses its top-k → mask; every MLA layer its kv_b.
+OTHER_DSA = {
+    # A.X K2: an indexer in every layer
+    "axk2": ({"layer_types": ["indexed_attention"] * LAYERS}, LAYERS, LAYERS),
+    # dots.3 note: DSA layers between sliding-window MLA layers
+    "dots3_note": ({"layer_types": ["indexed_attention", "sliding_attention"]}, 1, LAYERS),
+    # HY-V4: a "shared" layer reuses the previous full layer's top-k
+    "hy_v4": ({"layer_types": ["indexed_attention"] * LAYERS,
+               "indexer_types": ["full", "shared"]}, 1, LAYERS),
+    # Mistral Large 4 (its text model inside the multimodal one): no KV shared across layers
+    "mistral_large4": ({"layer_types": ["indexed_attention"] * LAYERS,
+                        "indexer_types": ["full"] * LAYERS, "kv_source_layers": [0, 1],
+                        "no_rope_layers": [1, 1]}, LAYERS, LAYERS),
+}  # fmt: skip
+
+
+def _tiny_other(model_type: str):
+    top = cfg = transformers.AutoConfig.for_model(model_type)
+    if getattr(cfg, "text_config", None) is not None:
+        cfg = cfg.text_config
+    fields = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, head_dim=8, qk_head_dim=24,
+        max_position_embeddings=64, pad_token_id=0, index_topk=TOPK, index_head_dim=16,
+        index_n_heads=4, mlp_layer_types=["dense"] * LAYERS, first_k_dense_replace=LAYERS,
+        moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+    )  # fmt: skip
+    for key, value in {**fields, **OTHER_DSA[model_type][0]}.items():
+        setattr(cfg, key, value)
+    top._attn_implementation = cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    try:  # the text model where AutoModelForCausalLM maps its config
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    except ValueError:  # else the multimodal model, its vision tower shrunk (never run)
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, head_dim=16, image_size=28)  # fmt: skip
+        for key, value in vision.items():
+            setattr(top.vision_config, key, value)
+        model = transformers.AutoModelForImageTextToText.from_config(top)
+    return Logits(model.to(torch.bfloat16).eval())
+
+
+@pytest.mark.parametrize("model_type", list(OTHER_DSA))
+def test_other_dsa_models_fuse_indexer_and_kv_b(model_type, reference_path):
+    _, indexers, mla_layers = OTHER_DSA[model_type]
+    ids = torch.randint(0, 128, (2, 7))
+    fused, got, want = fuse_and_run(_tiny_other(model_type), (ids,), capture_with_grad=True)
+    assert fused.fxfuse_report.counts["topk_mask"] == indexers, str(fused.fxfuse_report)
+    assert fused_targets(fused).count("fxfuse.topk_mask.default") == indexers
+    assert not any(n.target is torch.ops.aten.topk.default for n in fused.graph.nodes)
+    assert_kv_b_feeds_only_split_cat(fused, mla_layers)
+    assert torch.equal(got, want)

@@ -1,7 +1,8 @@
 """HF transformers' other MLA models (tiny configs, random weights, never downloaded): MiniCPM3,
-LongCat-Flash, Sarvam-MLA, Kimi-Linear (its full-attention layers) and DeepSeek-V2 spell the
-kv_b GEMM → split → cat as DeepSeek-V3 does, with their own head widths; each kv_b becomes one
-`fxfuse.gemm_split_cat` and the logits are the same bytes on the reference path."""
+LongCat-Flash, Sarvam-MLA, Kimi-Linear (its full-attention layers), DeepSeek-V2, GLM-4.7-Flash
+(glm4_moe_lite), Youtu-LLM, A.X K1, Mistral 4 and Ling's hybrid (bailing_hybrid, its MLA layers)
+spell the kv_b GEMM → split → cat as DeepSeek-V3 does, with their own head widths; each kv_b
+becomes one `fxfuse.gemm_split_cat` and the logits are the same bytes on the reference path."""
 
 import pytest
 import torch
@@ -28,7 +29,24 @@ SMALL_MOE = dict(
     num_experts=4, num_experts_per_tok=2, first_k_dense_replace=2, n_group=1, topk_group=1,
 )  # fmt: skip
 # model type -> the layers with an MLA kv_b
-MODELS = {"minicpm3": 2, "longcat_flash": 2, "sarvam_mla": 2, "kimi_linear": 1, "deepseek_v2": 2}
+MODELS = {
+    "minicpm3": 2, "longcat_flash": 2, "sarvam_mla": 2, "kimi_linear": 1, "deepseek_v2": 2,
+    "glm4_moe_lite": 2, "youtu": 2, "axk1": 2, "mistral4": 2, "bailing_hybrid": 1,
+}  # fmt: skip
+# Per model: the config fields that differ from MLA / SMALL_MOE.
+FIXES = {
+    # one linear-attention (KDA) layer, one MLA layer
+    "kimi_linear": dict(layer_types=["linear_attention", "full_attention"],
+                        mlp_layer_types=["dense", "dense"]),
+    # one linear-attention layer, one MLA layer (the default puts MLA in every sixth)
+    "bailing_hybrid": dict(layer_types=["linear_attention", "full_attention"],
+                           mlp_layer_types=["dense", "dense"], linear_head_dim=16,
+                           linear_num_heads=4),
+    # rope on half of head_dim: 16 · 0.5 = the rope width 8
+    "mistral4": dict(head_dim=16),
+}  # fmt: skip
+# Models that AutoModelForCausalLM does not map.
+CLASSES = {"mistral4": "Mistral4ForCausalLM"}
 
 
 def _tiny(model_type: str):
@@ -38,12 +56,15 @@ def _tiny(model_type: str):
     for key, value in SMALL_MOE.items():
         if hasattr(cfg, key):
             setattr(cfg, key, value)
-    if model_type == "kimi_linear":  # one linear-attention (KDA) layer, one MLA layer
-        cfg.layer_types = ["linear_attention", "full_attention"]
-        cfg.mlp_layer_types = ["dense", "dense"]
+    for key, value in FIXES.get(model_type, {}).items():
+        setattr(cfg, key, value)
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).eval()
+    if model_type in CLASSES:
+        model = getattr(transformers, CLASSES[model_type])(cfg)
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    return model.to(torch.bfloat16).eval()
 
 
 def _fuse(model_type: str):
