@@ -213,7 +213,10 @@ def _norm_range(start, end, size: int) -> tuple[int, int] | None:
 
 
 def _slice_range(node, source, ndim: int, width: int | None) -> tuple[int, int] | None:
-    """[start, end) of a step-1 slice of `source`'s last dim, else None."""
+    """[start, end) of a step-1 slice of `source`'s last dim (an alias of source: all of it, as
+    export writes `buf[..., :S1]` when S1 is buf's whole width), else None."""
+    if width is not None and _calls(node, (aten.alias.default,)) and node.args[0] is source:
+        return 0, width
     if width is None or not _calls(node, (aten.slice.Tensor,)) or node.args[0] is not source:
         return None
     args = normalized_args(node)
@@ -465,6 +468,8 @@ SPLIT_CAT = Alt(
     # the same, functionalized (either order of the two scatters)
     _scatter(_scatter(_buffer, PIECE, "piece_scatter"), y, "y_scatter"),
     _scatter(_scatter(_buffer, y, "y_scatter"), PIECE, "piece_scatter"),
+    # y 0 wide (no rope part): the piece's copy is the whole buffer
+    _scatter(Op(aten.copy.default, _buffer, PIECE), y, "y_scatter"),
 )
 SPLIT_ONLY = SplitPieces(ViewChain(GEMM), root="split")
 
@@ -565,6 +570,17 @@ def _replace_split_cat(m: Match, ctx, build):
     sizes = m["sizes"]
     s1, s2 = sizes[0], sum(sizes[1:])
     s3 = static_int(val(m.root).shape[-1]) - s1
+    if s3 == 0:
+        # Nothing to append (GLM-5.3-Flash's MLA has no rope part: the cat is a copy of c1): the
+        # split's pieces, the first one the output.
+        fused = build.call(producer.split, (*producer.operands(m, build), layout.d, list(sizes)))
+        pieces = build.outputs(fused, len(sizes))
+        values = [_present(build, pieces[0], s1, layout, m)]
+        for size, piece, output in zip(sizes[1:], pieces[1:], m["piece_outputs"][1:]):
+            if output is not None:
+                shown = _present(build, piece, size, layout, m)
+                values.append(_carried(build, output, shown, not layout.perm))
+        return values
     y_rows = _prepare_y(build, m, layout, s3)
     fused = build.call(producer.split_cat, (*producer.operands(m, build), layout.d, s1, s2, y_rows))
     out, c2 = build.outputs(fused, 2)
@@ -623,8 +639,8 @@ def _cat_guard(m: Match) -> str | None:
     width = static_int(out.shape[-1])
     if "cat_dim" in m.bindings and _norm_dim(m["cat_dim"], ndim) != ndim - 1:
         return f"cat along dim {m['cat_dim']}, not the split dim"
-    if "piece_scatter" in m.bindings:
-        for name, want in (("piece_scatter", (0, s1)), ("y_scatter", (s1, width))):
+    for name, want in (("piece_scatter", (0, s1)), ("y_scatter", (s1, width))):
+        if name in m.bindings:
             if _norm_dim(m[f"{name}_dim"], ndim) != ndim - 1 or m[f"{name}_step"] != 1:
                 return "the scatters do not write along the split dim"
             if width is None or _norm_range(m[f"{name}_start"], m[f"{name}_end"], width) != want:

@@ -85,3 +85,32 @@ def test_kv_b_fuses_and_logits_are_the_same_bytes(model_type, reference_path):
 def test_minicpm3_kv_b_kernel_in_interpreter():
     got, want = _fuse("minicpm3")
     assert_logits_close(got, want)
+
+
+def test_glm5_next_kv_b_without_rope_fuses_as_a_split(reference_path):
+    """GLM-5.3-Flash (`glm5_next`, the text model inside the multimodal one): its MLA has no rope
+    part, so HF's key buffer is a copy of k_nope alone and the kv_b becomes one `fxfuse.gemm_split`
+    (both pieces written by the GEMM, the copy gone). Its indexer ranks pooled keys and gathers
+    each chosen pool's token indices: that chain is not matched."""
+    top = transformers.AutoConfig.for_model("glm5_next")
+    cfg = top.text_config
+    fields = dict(
+        MLA, qk_rope_head_dim=0, head_dim=0, qk_head_dim=16, linear_head_dim=16,
+        linear_num_heads=4, hc_mult=2, index_kpool=2, index_topk=4, index_head_dim=16,
+        index_n_heads=4, layer_types=["linear_attention", "indexed_attention"],
+        mlp_layer_types=["dense", "dense"], indexer_types=["full", "full"],
+    )  # fmt: skip
+    for key, value in fields.items():
+        setattr(cfg, key, value)
+    # the vision tower shrunk (never run)
+    vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
+                  projection_intermediate_size=64)  # fmt: skip
+    for key, value in vision.items():
+        setattr(top.vision_config, key, value)
+    top._attn_implementation = cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForImageTextToText.from_config(top).to(torch.bfloat16).eval()
+    fused, got, want = fuse_and_run(Logits(model), (torch.randint(0, 128, (2, 7)),))
+    assert fused.fxfuse_report.counts["gemm_split_cat"] == 1, str(fused.fxfuse_report)
+    assert_kv_b_feeds_only_split_cat(fused, 1, op="gemm_split")
+    assert torch.equal(got, want)

@@ -67,6 +67,17 @@ def hf_new_empty(x, w, y):  # HF DeepSeek-V3 expand_kv: new_empty + slice copy_
     return key, value
 
 
+def hf_no_rope(x, w, y):  # the same with a 0-wide rope part (GLM-5.3-Flash): export's alias copy
+    b, _, s, _ = x.shape
+    kv = F.linear(x, w).view(b, s, -1, S1 + S2).transpose(1, 2)
+    k_nope, value = torch.split(kv, [S1, S2], dim=-1)
+    k_rot = y.expand(-1, k_nope.shape[1], -1, -1)
+    key = kv.new_empty(*kv.shape[:-1], S1 + y.shape[-1])
+    key[..., :S1].copy_(k_nope)
+    key[..., S1:].copy_(k_rot)
+    return key, value
+
+
 def setitem(x, w, y):  # the same buffer filled by slice assignment, y broadcast by the copy
     c = F.linear(x, w).view(x.shape[0], D, S1 + S2)
     c1, c2 = torch.split(c, [S1, S2], dim=-1)
@@ -95,8 +106,9 @@ def kv_a(x, w, y):  # GEMM → split, no cat: DeepSeek kv_a; the copy is what th
 def _inputs(spelling, dtype=BF16, m=M):
     n = D * (S1 + S2)
     w = torch.randn(n, K, dtype=dtype) / K**0.5
-    if spelling in (hf_new_empty,):
-        return torch.randn(2, 1, m, K, dtype=dtype), w, torch.randn(2, 1, m, S3, dtype=dtype)
+    if spelling in (hf_new_empty, hf_no_rope):
+        s3 = 0 if spelling is hf_no_rope else S3
+        return torch.randn(2, 1, m, K, dtype=dtype), w, torch.randn(2, 1, m, s3, dtype=dtype)
     if spelling is heads_first:
         return torch.randn(2, m, K, dtype=dtype), w, torch.randn(2, 1, m, S3, dtype=dtype)
     if spelling is matmul_t:
@@ -146,6 +158,7 @@ FIRING = [
     (matmul_t, S1, SPLIT_CAT_OP),
     (heads_first, S1, SPLIT_CAT_OP),
     (hf_new_empty, S1, SPLIT_CAT_OP),
+    (hf_no_rope, S1, SPLIT_OP),  # nothing to append: the split's pieces, the first the output
     (setitem, S1, SPLIT_CAT_OP),
     (three_pieces, S1, SPLIT_CAT_OP),
     (no_heads, S1 * D, SPLIT_CAT_OP),
@@ -204,16 +217,19 @@ def test_dynamic_tokens_kernel_heads_first():
     _check_numbers(fused(*inputs), inputs, heads_first, S1)
 
 
-@pytest.mark.parametrize("spelling", [split_cat, hf_new_empty, kv_a], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "spelling", [split_cat, hf_new_empty, hf_no_rope, kv_a], ids=lambda f: f.__name__
+)
 def test_torch_compile_post_grad_fires(spelling):
-    """Inductor's post-grad graph: mm + reshape/permute, and the copies as slice_scatter."""
+    """Inductor's post-grad graph: mm + reshape/permute, and the copies as slice_scatter (with
+    no rope part, a whole-buffer copy of the piece under the 0-wide scatter)."""
     model, inputs = Spelled(spelling), _inputs(spelling)
     torch._dynamo.reset()
     with torch.no_grad():
         got = torch.compile(model, backend="fxfuse")(*inputs)
     report = fxfuse.last_report()
     assert report.counts[NAME] == 1, str(report)
-    op = SPLIT_OP if spelling is kv_a else SPLIT_CAT_OP
+    op = SPLIT_OP if spelling in (kv_a, hf_no_rope) else SPLIT_CAT_OP
     assert any(r.replacement == op for r in report.rewrites)
     _check_numbers(got, inputs, spelling, 0 if spelling is kv_a else S1)
 
@@ -276,6 +292,19 @@ def test_cat_of_the_second_piece_does_not_fire(reference_path):
         return torch.cat([c2, y.expand(-1, D, -1)], -1), c1
 
     _assert_not_fused(body, _inputs(split_cat), "split piece 1")
+
+
+def test_no_rope_copy_of_the_second_piece_does_not_fire(reference_path):
+    def body(x, w, y):  # hf_no_rope with the value piece copied into the buffer
+        b, _, s, _ = x.shape
+        kv = F.linear(x, w).view(b, s, -1, S1 + S2).transpose(1, 2)
+        k_nope, value = torch.split(kv, [S1, S2], dim=-1)
+        out = kv.new_empty(*kv.shape[:-1], S2 + y.shape[-1])
+        out[..., :S2].copy_(value)
+        out[..., S2:].copy_(y.expand(-1, value.shape[1], -1, -1))
+        return out, k_nope
+
+    _assert_not_fused(body, _inputs(hf_no_rope), "split piece 1")
 
 
 def test_y_computed_from_the_gemm_does_not_fire(reference_path):
