@@ -547,12 +547,23 @@ def _prepare_y(build, m: Match, layout: Layout, s3: int):
     return build.call(aten.view.default, (y_node, [-1 if rows is None else rows, layout.d, s3]))
 
 
-def _carried(build, output: fx.Node, piece, contiguous: bool):
+def _carried(build, output: fx.Node, piece, same: bool):
     """The value of a piece's output node: the piece itself, or (when the graph copied the piece
-    and the fused one is not already contiguous in the graph's shape) the same copy of it."""
-    if _calls(output, COPIES) and not contiguous:
+    and the fused one is not already what that copy makes: `same` False) the same copy of it."""
+    if _calls(output, COPIES) and not same:
         return build.call(output.target, (piece,), dict(output.kwargs))
     return piece
+
+
+def _dense_piece_copied(output: fx.Node, layout: Layout) -> bool:
+    """For a piece the fused op writes densely ((M, d, size) contiguous, shown through the chain's
+    view and transposes): whether `output`'s copy would make that same tensor. Without transposes
+    the piece is contiguous; with them only a clone in preserve_format (its default) keeps the
+    transposed strides (Inductor turns `cat([c1, <0 wide>])` into such a clone)."""
+    if not layout.perm:
+        return True
+    memory_format = output.kwargs.get("memory_format", torch.preserve_format)
+    return output.target is aten.clone.default and memory_format is torch.preserve_format
 
 
 # --- rules --------------------------------------------------------------------------------------
@@ -579,7 +590,7 @@ def _replace_split_cat(m: Match, ctx, build):
         for size, piece, output in zip(sizes[1:], pieces[1:], m["piece_outputs"][1:]):
             if output is not None:
                 shown = _present(build, piece, size, layout, m)
-                values.append(_carried(build, output, shown, not layout.perm))
+                values.append(_carried(build, output, shown, _dense_piece_copied(output, layout)))
         return values
     y_rows = _prepare_y(build, m, layout, s3)
     fused = build.call(producer.split_cat, (*producer.operands(m, build), layout.d, s1, s2, y_rows))
@@ -606,7 +617,7 @@ def _replace_split(m: Match, ctx, build):
     for size, piece, output in zip(sizes, build.outputs(fused, len(sizes)), m["piece_outputs"]):
         if output is not None:
             shown = _present(build, piece, size, layout, m)
-            values.append(_carried(build, output, shown, not layout.perm))
+            values.append(_carried(build, output, shown, _dense_piece_copied(output, layout)))
     return values
 
 
@@ -767,7 +778,7 @@ def split_guard(m: Match, ctx) -> str | None:
     if reason:
         return reason
     layout = _layout(m)
-    if layout.perm or not any(_calls(o, COPIES) for o in m["piece_outputs"]):
+    if not any(_calls(o, COPIES) and _dense_piece_copied(o, layout) for o in m["piece_outputs"]):
         return "no copy to save: every split piece is read in place as a view of the GEMM output"
     k = _producer(m).reduction(m)
     if k is None or k > SPLIT_ONLY_MAX_K:

@@ -56,6 +56,20 @@ def heads_first(x, w, y):  # (B, S, H, W).transpose(1, 2): HF's layout, spelled 
     return torch.cat([c1, y.expand(-1, D, -1, -1)], dim=-1), c2
 
 
+def no_rope_cat(x, w, y):  # heads_first with a 0-wide y (post-grad: a clone of the piece)
+    b, s = x.shape[:2]
+    c = F.linear(x, w).view(b, s, D, S1 + S2).transpose(1, 2)
+    c1, c2 = torch.split(c, [S1, S2], dim=-1)
+    return torch.cat([c1, y.expand(-1, D, -1, -1)], dim=-1), c2
+
+
+def heads_clone(x, w, y):  # transposed heads, a piece cloned: clone keeps its strides
+    b, s = x.shape[:2]
+    c = F.linear(x, w).view(b, s, D, S1 + S2).transpose(1, 2)
+    c1, c2 = torch.split(c, [S1, S2], dim=-1)
+    return c1.clone(), c2
+
+
 def hf_new_empty(x, w, y):  # HF DeepSeek-V3 expand_kv: new_empty + slice copy_
     b, _, s, _ = x.shape
     kv = F.linear(x, w).view(b, s, -1, S1 + S2).transpose(1, 2)
@@ -109,8 +123,9 @@ def _inputs(spelling, dtype=BF16, m=M):
     if spelling in (hf_new_empty, hf_no_rope):
         s3 = 0 if spelling is hf_no_rope else S3
         return torch.randn(2, 1, m, K, dtype=dtype), w, torch.randn(2, 1, m, s3, dtype=dtype)
-    if spelling is heads_first:
-        return torch.randn(2, m, K, dtype=dtype), w, torch.randn(2, 1, m, S3, dtype=dtype)
+    if spelling in (heads_first, no_rope_cat, heads_clone):
+        s3 = S3 if spelling is heads_first else 0
+        return torch.randn(2, m, K, dtype=dtype), w, torch.randn(2, 1, m, s3, dtype=dtype)
     if spelling is matmul_t:
         return torch.randn(2, m, K, dtype=dtype), w, torch.randn(2, m, D, S3, dtype=dtype)
     if spelling is setitem:
@@ -159,6 +174,8 @@ FIRING = [
     (heads_first, S1, SPLIT_CAT_OP),
     (hf_new_empty, S1, SPLIT_CAT_OP),
     (hf_no_rope, S1, SPLIT_OP),  # nothing to append: the split's pieces, the first the output
+    (no_rope_cat, S1, SPLIT_OP),
+    (heads_clone, S1, SPLIT_OP),
     (setitem, S1, SPLIT_CAT_OP),
     (three_pieces, S1, SPLIT_CAT_OP),
     (no_heads, S1 * D, SPLIT_CAT_OP),
@@ -197,6 +214,16 @@ def test_fp16_and_the_copy_is_dropped():
     _check_numbers(out, inputs, kv_a, 0)
 
 
+def test_clone_of_a_transposed_piece_is_dropped_and_its_strides_kept(reference_path):
+    model, inputs = Spelled(heads_clone), _inputs(heads_clone)
+    fused = _fuse(model, inputs)
+    targets = [str(n.target) for n in fused.graph.nodes if n.op == "call_function"]
+    assert "aten.clone.default" not in targets and SPLIT_OP in targets
+    got, want = fused(*inputs), model(*inputs)
+    assert got[0].stride() == want[0].stride()
+    assert outputs_bytes_equal(got, want)
+
+
 def test_dynamic_tokens(reference_path):
     model, inputs = Spelled(split_cat), _inputs(split_cat, m=9)
     m = torch.export.Dim("m", min=2, max=64)
@@ -218,7 +245,9 @@ def test_dynamic_tokens_kernel_heads_first():
 
 
 @pytest.mark.parametrize(
-    "spelling", [split_cat, hf_new_empty, hf_no_rope, kv_a], ids=lambda f: f.__name__
+    "spelling",
+    [split_cat, hf_new_empty, hf_no_rope, no_rope_cat, heads_clone, kv_a],
+    ids=lambda f: f.__name__,
 )
 def test_torch_compile_post_grad_fires(spelling):
     """Inductor's post-grad graph: mm + reshape/permute, and the copies as slice_scatter (with
@@ -229,7 +258,7 @@ def test_torch_compile_post_grad_fires(spelling):
         got = torch.compile(model, backend="fxfuse")(*inputs)
     report = fxfuse.last_report()
     assert report.counts[NAME] == 1, str(report)
-    op = SPLIT_OP if spelling in (kv_a, hf_no_rope) else SPLIT_CAT_OP
+    op = SPLIT_OP if spelling in (kv_a, hf_no_rope, no_rope_cat, heads_clone) else SPLIT_CAT_OP
     assert any(r.replacement == op for r in report.rewrites)
     _check_numbers(got, inputs, spelling, 0 if spelling is kv_a else S1)
 
@@ -343,6 +372,16 @@ def test_split_without_a_copy_does_not_fire(reference_path):
         return a * 2, b
 
     _assert_not_fused(body, _inputs(kv_a), "no copy to save")
+
+
+def test_contiguous_of_a_transposed_piece_does_not_fire(reference_path):
+    def body(x, w, y):  # heads_clone with .contiguous(): a new layout, so the copy stays
+        b, s = x.shape[:2]
+        c = F.linear(x, w).view(b, s, D, S1 + S2).transpose(1, 2)
+        c1, c2 = torch.split(c, [S1, S2], dim=-1)
+        return c1.contiguous(), c2
+
+    _assert_not_fused(body, _inputs(heads_clone), "no copy to save")
 
 
 def test_split_with_a_long_k_does_not_fire(reference_path):
