@@ -34,6 +34,7 @@ def use_triton(*tensors: torch.Tensor) -> bool:
 # cat through torch.bmm): the launch table `<kernel>_backend.json` per shape, or an override.
 BACKEND_TRITON = 1
 BACKEND_VENDOR = 2  # cuBLAS(Lt) on NVIDIA, hipBLAS(Lt) on ROCm, through torch
+BACKEND_UNFUSED = 3  # the unfused torch chain the rewrite replaced (the vendor GEMM, then copies)
 GEMM_BACKEND_ENV = "FXFUSE_GEMM_BACKEND"
 GEMM_BACKENDS = ("auto", "triton", "vendor")
 

@@ -14,6 +14,9 @@ by the launch table `gemm_split_cat_backend` (FXFUSE_GEMM_BACKEND=triton|vendor 
 - the vendor GEMM through `torch.bmm`: per piece, one strided-batched GEMM over the d heads whose
   C matrices are that piece's slices of the destination (ld = d · row width, batch stride = row
   width), so no tile goes through a temporary; then y's slice is copied (a second kernel).
+`gemm_split` has its own table, `gemm_split_backend`, with a third choice: the unfused chain
+(the vendor GEMM, then each piece copied), which it takes up to M 2048 on sm90, where the kernel
+lost to the unfused graph on every measured shape.
 Every other case runs the torch reference (kernels/gemm_split_cat_ref.py), which is the unfused
 spelling itself, so an fp32 call or a CPU run without the interpreter keeps its bytes.
 """
@@ -27,7 +30,12 @@ import torch
 from fxfuse.kernels import gemm_ref
 from fxfuse.kernels import gemm_split_cat_ref as ref
 from fxfuse.runtime import gemm_ops, launch_tables
-from fxfuse.runtime.dispatch import BACKEND_VENDOR, gemm_backend_override, use_triton
+from fxfuse.runtime.dispatch import (
+    BACKEND_UNFUSED,
+    BACKEND_VENDOR,
+    gemm_backend_override,
+    use_triton,
+)
 from fxfuse.runtime.registry import fused_op
 from fxfuse.runtime.target import detect_target
 
@@ -38,6 +46,8 @@ KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 QUANTIZED_OUT_DTYPES = gemm_ref.OUT_DTYPES
 MAX_PIECES = ref.MAX_PIECES
 BACKEND_TABLE = "gemm_split_cat_backend"
+# gemm_split's own: up to M 2048 the unfused chain (the kernel lost there on every measured shape)
+SPLIT_BACKEND_TABLE = "gemm_split_backend"
 
 
 def _kernels():
@@ -77,24 +87,31 @@ def _on_kernel(*tensors: torch.Tensor) -> bool:
     return tensors[0].dtype in KERNEL_DTYPES and use_triton(*tensors)
 
 
-def _use_vendor(x: torch.Tensor, w: torch.Tensor, d: int, widths, y=None) -> bool:
+def _use_vendor(
+    x: torch.Tensor, w: torch.Tensor, d: int, widths, y=None, table: str = BACKEND_TABLE
+) -> bool:
     """The vendor GEMM runs this call: FXFUSE_GEMM_BACKEND says so (on any device: torch.bmm runs
     everywhere), or, on CUDA/ROCm, the backend table for this (M, N, K) unless the kernel's
     head-tile path takes the call (it beats the vendor path wherever it applies)."""
     choice = gemm_backend_override()
     if choice != "auto":
         return choice == "vendor"
-    if x.device.type != "cuda":
-        return False
-    m, k = x.shape
-    if _table_backend(detect_target(x.device), max(m, 1), w.shape[0], k) != BACKEND_VENDOR:
+    if _table_choice(x, w, table) != BACKEND_VENDOR:
         return False
     return not _kernels().takes_head_tiles(x, w, d, widths, y)
 
 
+def _table_choice(x: torch.Tensor, w: torch.Tensor, table: str) -> int | None:
+    """The backend table's BACKEND for this call on CUDA/ROCm, None elsewhere."""
+    if x.device.type != "cuda":
+        return None
+    m, k = x.shape
+    return _table_backend(table, detect_target(x.device), max(m, 1), w.shape[0], k)
+
+
 @functools.lru_cache(maxsize=4096)
-def _table_backend(target: str, m: int, n: int, k: int) -> int:
-    return launch_tables.lookup(BACKEND_TABLE, target, m=m, n=n, k=k)["BACKEND"]
+def _table_backend(table: str, target: str, m: int, n: int, k: int) -> int:
+    return launch_tables.lookup(table, target, m=m, n=n, k=k)["BACKEND"]
 
 
 def _vendor_gemm_into(x, w, d: int, widths, dests) -> None:
@@ -152,7 +169,10 @@ def gemm_split(x: torch.Tensor, w: torch.Tensor, d: int, sizes: list[int]) -> li
     """The pieces of split((x @ wᵀ).view(M, d, sum(sizes)), sizes, -1), each contiguous."""
     _check_split(x, w, d, sizes)
     if _on_kernel(x, w):
-        if _use_vendor(x, w, d, sizes):
+        auto = gemm_backend_override() == "auto"
+        if auto and _table_choice(x, w, SPLIT_BACKEND_TABLE) == BACKEND_UNFUSED:
+            return list(ref.gemm_split_ref(x, w, d, list(sizes)))
+        if _use_vendor(x, w, d, sizes, table=SPLIT_BACKEND_TABLE):
             return _vendor_split(x, w, d, list(sizes))
         return list(_kernels().gemm_split(x, w, d, list(sizes)))
     return list(ref.gemm_split_ref(x, w, d, list(sizes)))

@@ -102,3 +102,39 @@ def test_gpu_kv_b_every_backend_meets_the_tolerance(monkeypatch, choice, m):
     assert rel_err(out[..., :128], c[..., :128]) <= RTOL
     assert rel_err(c2, c[..., 128:]) <= RTOL
     assert torch.equal(out[..., 128:], y)
+
+
+def test_split_backend_table_runs_the_unfused_chain_at_small_m():
+    table = launch_tables.load_table(gemm_split_cat_ops.SPLIT_BACKEND_TABLE)
+    for m in (1, 128, 1024, 2048):
+        config = launch_tables.lookup(table["kernel"], "sm90", m=m, n=8192, k=512)
+        assert config["BACKEND"] == dispatch.BACKEND_UNFUSED
+    assert launch_tables.lookup(table["kernel"], "sm90", m=8192, n=8192, k=512) == {
+        "BACKEND": dispatch.BACKEND_VENDOR
+    }
+    for target in ("gfx950", "gfx942"):
+        assert table["targets"][target]["timed"] is False
+
+
+def test_split_unfused_choice_runs_the_reference(monkeypatch):
+    """Where the table says BACKEND_UNFUSED, gemm_split is the unfused chain's bytes and no kernel
+    runs (the table is read on CUDA only: the choice is forced here)."""
+    monkeypatch.delenv(dispatch.GEMM_BACKEND_ENV, raising=False)
+    monkeypatch.setattr(
+        gemm_split_cat_ops,
+        "_table_choice",
+        lambda x, w, table: dispatch.BACKEND_UNFUSED
+        if table == gemm_split_cat_ops.SPLIT_BACKEND_TABLE
+        else None,
+    )
+
+    def no_kernel():
+        raise AssertionError("the kernel ran")
+
+    monkeypatch.setattr(gemm_split_cat_ops, "_kernels", no_kernel)
+    monkeypatch.setattr(gemm_split_cat_ops, "_on_kernel", lambda *tensors: True)
+    x, w, _ = make_case(9, 48, 3, 24, 16, 1)
+    pieces = torch.ops.fxfuse.gemm_split(x, w, 3, [24, 16])
+    want = torch.split(torch.nn.functional.linear(x, w).view(9, 3, 40), [24, 16], dim=-1)
+    for piece, ref in zip(pieces, want):
+        assert piece.is_contiguous() and torch.equal(piece, ref)
