@@ -581,7 +581,7 @@ def _replace_split_cat(m: Match, ctx, build):
     sizes = m["sizes"]
     s1, s2 = sizes[0], sum(sizes[1:])
     s3 = static_int(val(m.root).shape[-1]) - s1
-    if s3 == 0:
+    if _appends_nothing(m):
         # Nothing to append (GLM-5.3-Flash's MLA has no rope part: the cat is a copy of c1): the
         # split's pieces, the first one the output.
         fused = build.call(producer.split, (*producer.operands(m, build), layout.d, list(sizes)))
@@ -770,7 +770,27 @@ def _simulated(m: Match, ctx, replace) -> str | None:
 
 
 def split_cat_guard(m: Match, ctx) -> str | None:
-    return _common_guard(m, ctx) or _cat_guard(m) or _simulated(m, ctx, _replace_split_cat)
+    return (
+        _common_guard(m, ctx)
+        or _cat_guard(m)
+        or (_split_k_guard(m) if _appends_nothing(m) else None)
+        or _simulated(m, ctx, _replace_split_cat)
+    )
+
+
+def _appends_nothing(m: Match) -> bool:
+    """y is 0 wide: the replacement is `gemm_split` (`_replace_split_cat`)."""
+    return static_int(val(m.root).shape[-1]) == m["sizes"][0]
+
+
+def _split_k_guard(m: Match) -> str | None:
+    k = _producer(m).reduction(m)
+    if k is None or k > SPLIT_ONLY_MAX_K:
+        return (
+            f"K = {k} > {SPLIT_ONLY_MAX_K}: the unfused GEMM and copies are faster for a split "
+            "with no cat (measured at DeepSeek kv_a, K 7168)"
+        )
+    return None
 
 
 def split_guard(m: Match, ctx) -> str | None:
@@ -780,13 +800,7 @@ def split_guard(m: Match, ctx) -> str | None:
     layout = _layout(m)
     if not any(_calls(o, COPIES) and _dense_piece_copied(o, layout) for o in m["piece_outputs"]):
         return "no copy to save: every split piece is read in place as a view of the GEMM output"
-    k = _producer(m).reduction(m)
-    if k is None or k > SPLIT_ONLY_MAX_K:
-        return (
-            f"K = {k} > {SPLIT_ONLY_MAX_K}: the unfused GEMM and copies are faster for a split "
-            "with no cat (measured at DeepSeek kv_a, K 7168)"
-        )
-    return _simulated(m, ctx, _replace_split)
+    return _split_k_guard(m) or _simulated(m, ctx, _replace_split)
 
 
 RULES = [

@@ -392,6 +392,15 @@ def test_split_with_a_long_k_does_not_fire(reference_path):
     _assert_not_fused(kv_a, inputs, f"K = {k} > {gemm_split_cat.SPLIT_ONLY_MAX_K}")
 
 
+def test_no_rope_copy_with_a_long_k_does_not_fire(reference_path):
+    # the 0-wide y makes hf_no_rope a split (gemm_split): the same K limit
+    x, w, y = _inputs(hf_no_rope)
+    k = gemm_split_cat.SPLIT_ONLY_MAX_K + 128
+    x = torch.randn(*x.shape[:-1], k, dtype=BF16)
+    w = torch.randn(w.shape[0], k, dtype=BF16) / k**0.5
+    _assert_not_fused(hf_no_rope, (x, w, y), f"K = {k} > {gemm_split_cat.SPLIT_ONLY_MAX_K}")
+
+
 def test_consumer_needing_the_old_strides_does_not_fire(reference_path):
     def body(x, w, y):  # HF's key, then a view that only its contiguous (B, H, S, ·) layout allows
         key, value = hf_new_empty(x, w, y)
