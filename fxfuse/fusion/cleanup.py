@@ -81,27 +81,44 @@ def merge_pure_duplicates(graph: fx.Graph, sources: tuple) -> int:
         if node.target in sources or any(n in downstream for n in node.all_input_nodes):
             downstream.add(node)
     pure = [n for n in graph.nodes if n in downstream and _pure(n) and not _written(n)]
-    return _merge_into_first(graph, pure)
+    return _merge_into_first(graph, pure, constants=True)
 
 
-def _merge_into_first(graph: fx.Graph, nodes: list[fx.Node], into: dict | None = None) -> int:
+def _merge_into_first(
+    graph: fx.Graph, nodes: list[fx.Node], into: dict | None = None, constants: bool = False
+) -> int:
     """Each of `nodes` (in graph order) whose target and arguments equal an earlier one's is
     replaced by that one; arguments are compared as they are when the node's turn comes, so a
-    chain of duplicates merges whole."""
+    chain of duplicates merges whole. constants: an argument made by a pure call of no tensor
+    input (`full`: Inductor's post-grad form of `new_ones`) is compared by its call, not its
+    node, and dropped when the merge leaves it unread."""
     seen: dict[tuple, fx.Node] = {}
     merged = 0
     for node in nodes:
-        key = (node.target, _key(node.args), _key(tuple(sorted(node.kwargs.items()))))
+        key = (
+            node.target,
+            _key(node.args, constants),
+            _key(tuple(sorted(node.kwargs.items())), constants),
+        )
         first = seen.setdefault(key, node)
         if first is not node:
+            inputs = node.all_input_nodes
             node.replace_all_uses_with(first)
             graph.erase_node(node)
+            for unread in inputs:
+                if constants and not unread.users and _constant(unread):
+                    graph.erase_node(unread)
             merged += 1
             if into is not None:
                 into[node.name] = first.name
     if merged:
         _merge_getitems(graph)
     return merged
+
+
+def _constant(node: fx.Node) -> bool:
+    """A pure call with no node among its inputs, never written in place."""
+    return not node.all_input_nodes and _pure(node) and not _written(node)
 
 
 def _pure(node: fx.Node) -> bool:
@@ -158,10 +175,13 @@ def _merge_getitems(graph: fx.Graph) -> None:
                 graph.erase_node(node)
 
 
-def _key(value):
+def _key(value, constants: bool = False):
     if isinstance(value, (list, tuple)):
-        return tuple(_key(v) for v in value)
+        return tuple(_key(v, constants) for v in value)
     if isinstance(value, fx.Node):
+        if constants and _constant(value):
+            kwargs = tuple(sorted(value.kwargs.items()))
+            return ("constant", value.target, _key(value.args), _key(kwargs))
         return ("node", id(value))
     return ("lit", type(value).__name__, repr(value))
 

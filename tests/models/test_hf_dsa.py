@@ -196,3 +196,20 @@ def test_other_dsa_models_fuse_indexer_and_kv_b(model_type, reference_path):
     assert not any(n.target is torch.ops.aten.topk.default for n in fused.graph.nodes)
     assert_kv_b_feeds_only_split_cat(fused, mla_layers)
     assert torch.equal(got, want)
+
+
+def test_hy_v4_shared_layer_fuses_under_torch_compile(reference_path):
+    """Inductor's post-grad graph gives each layer's `new_ones` a `full` of its own; the shared
+    layer's mask chain still merges with the full layer's, and one fused op feeds both."""
+    model = _tiny_other("hy_v4")
+    ids = torch.randint(0, 128, (2, 7))
+    outs, counts = [], []
+    for disable in ((), ("topk_mask", "gemm_split_cat")):
+        torch._dynamo.reset()
+        backend = fxfuse.make_backend(fxfuse.FusionConfig(disable=disable))
+        with torch.no_grad():
+            outs.append(torch.compile(model, backend=backend)(ids))
+        counts.append(fxfuse.last_report().counts)
+    assert counts[0]["topk_mask"] == 1, counts
+    assert counts[0]["gemm_split_cat"] == LAYERS, counts
+    assert torch.equal(outs[0], outs[1])
