@@ -1,9 +1,11 @@
 """GLM-5.3-Flash's kv_b (no rope part): fxfuse.gemm_split against the unfused GEMM + key copy
 and the GEMM alone, CUDA graphs (inputs not rotated), each output checked against float64.
 
-    PYTHONPATH=. python benchmarks/experiments/glm53_kv_b_split.py    # writes $OUT/glm53.json
+    PYTHONPATH=. python benchmarks/experiments/glm53_kv_b_split.py [--m 128,1024]
+                                                        # writes $OUT/glm53.json
 """
 
+import argparse
 import json
 import os
 import sys
@@ -20,9 +22,12 @@ K, S = 512, 256  # kv_lora_rank; each head's qk_nope and v width
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--m", default="128,1024,8192,32768", help="tokens, comma-separated")
+    ms = [int(m) for m in parser.parse_args().m.split(",")]
     rows = []
     for heads in (16, 64):
-        for m in (128, 1024, 8192, 32768):
+        for m in ms:
             x = torch.randn(m, K, dtype=torch.bfloat16, device="cuda")
             w = torch.randn(heads * 2 * S, K, dtype=torch.bfloat16, device="cuda") / K**0.5
             ref = (x.double() @ w.double().T).view(m, heads, 2 * S)
