@@ -1,7 +1,8 @@
 """Other HF transformers decoders (tiny configs, random weights) with their Linear layers swapped
 for the torch-spelled dynamic-FP8 (per token, 1×128) or MXFP4 linear, as for Llama
 (test_hf_llama.py): each architecture's own RMSNorm spelling (Gemma's `(1 + w)`, Qwen2's and
-Mistral's Llama form) fuses with the quant in every decoder layer, and the logits match."""
+Mistral's Llama form; Qwen3, Gemma 3, Phi-3 and GLM-4 too) fuses with the quant in every decoder
+layer, and the logits match."""
 
 import pytest
 import torch
@@ -17,6 +18,13 @@ ARCHITECTURES = {
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 64}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"head_dim": 64}),
+    # q_norm / k_norm on the heads besides the layer norms
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 64}),
+    # Gemma's (1 + w) with pre- and post-feedforward norms
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 64}),
+    # fused qkv_proj and gate_up_proj: one GEMM after each norm's quant
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", {"head_dim": 64, "pad_token_id": 0}),
 }
 
 
