@@ -123,13 +123,9 @@ def test_deepseek_v4_indexer_bias_fuses_and_logits_match(path, monkeypatch):
     assert_logits_close(got, want)
 
 
-@pytest.mark.parametrize("name", ["deepseek_v32", "deepseek_v4"])
-def test_torch_compile_backend_fuses_the_indexer(name, reference_path):
-    """torch.compile(backend="fxfuse"): the indexer's top-k → mask (and V3.2's kv_b) fuse in
-    Inductor's graph, and the logits equal the same backend's with those two patterns off (the
-    unfused chain compiled by Inductor; ties apart, the masks are the same)."""
-    model = _tiny_v4() if name == "deepseek_v4" else _tiny(name, "eager")
-    ids = torch.randint(0, 128, (2, 33 if name == "deepseek_v4" else 7))
+def _compiled_with_and_without_fusions(model, ids):
+    """The model under torch.compile(backend="fxfuse"), then again with the indexer's and
+    kv_b's patterns off: ([logits], [report counts]) of the two."""
     outs, counts = [], []
     for disable in ((), ("topk_mask", "gemm_split_cat")):
         torch._dynamo.reset()
@@ -137,6 +133,17 @@ def test_torch_compile_backend_fuses_the_indexer(name, reference_path):
         with torch.no_grad():
             outs.append(torch.compile(model, backend=backend)(ids))
         counts.append(fxfuse.last_report().counts)
+    return outs, counts
+
+
+@pytest.mark.parametrize("name", ["deepseek_v32", "deepseek_v4"])
+def test_torch_compile_backend_fuses_the_indexer(name, reference_path):
+    """torch.compile(backend="fxfuse"): the indexer's top-k → mask (and V3.2's kv_b) fuse in
+    Inductor's graph, and the logits equal the same backend's with those two patterns off (the
+    unfused chain compiled by Inductor; ties apart, the masks are the same)."""
+    model = _tiny_v4() if name == "deepseek_v4" else _tiny(name, "eager")
+    ids = torch.randint(0, 128, (2, 33 if name == "deepseek_v4" else 7))
+    outs, counts = _compiled_with_and_without_fusions(model, ids)
     assert counts[0]["topk_mask"] == LAYERS, counts
     assert counts[0]["gemm_split_cat"] == (LAYERS if name == "deepseek_v32" else 0), counts
     assert torch.equal(outs[0], outs[1])
@@ -203,13 +210,7 @@ def test_hy_v4_shared_layer_fuses_under_torch_compile(reference_path):
     layer's mask chain still merges with the full layer's, and one fused op feeds both."""
     model = _tiny_other("hy_v4")
     ids = torch.randint(0, 128, (2, 7))
-    outs, counts = [], []
-    for disable in ((), ("topk_mask", "gemm_split_cat")):
-        torch._dynamo.reset()
-        backend = fxfuse.make_backend(fxfuse.FusionConfig(disable=disable))
-        with torch.no_grad():
-            outs.append(torch.compile(model, backend=backend)(ids))
-        counts.append(fxfuse.last_report().counts)
+    outs, counts = _compiled_with_and_without_fusions(model, ids)
     assert counts[0]["topk_mask"] == 1, counts
     assert counts[0]["gemm_split_cat"] == LAYERS, counts
     assert torch.equal(outs[0], outs[1])
