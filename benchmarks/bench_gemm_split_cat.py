@@ -383,7 +383,9 @@ def main() -> None:
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes in the interpreter")
     parser.add_argument("--graph-all", action="store_true", help="every row in a CUDA graph")
     parser.add_argument("--m", default=None, help="kv_b M values, comma-separated")
-    parser.add_argument("--cases", default="kv_b,other,minicpm3", help="shapes, comma-separated")
+    parser.add_argument(
+        "--cases", default=",".join(CASES), help="shapes, comma-separated (default: all)"
+    )
     args = parser.parse_args()
     kv_b_ms = tuple(int(v) for v in args.m.split(",")) if args.m else KV_B_MS
     if args.out:

@@ -55,7 +55,7 @@ for s in $STEPS; do
         python benchmarks/install_gemm_sweep.py $t "$RES/${t}_sweep.json" \
           && cp fxfuse/runtime/tables/$t.json "$RES/${t}_table.json"; echo "=== $t install rc=$?"
       done ;;
-    split_cat) step split_cat "${T_SPLIT:-70}" python benchmarks/bench_gemm_split_cat.py ${SPLIT_ARGS:-} --out "$RES" ;;
+    split_cat) step split_cat "${T_SPLIT:-200}" python benchmarks/bench_gemm_split_cat.py ${SPLIT_ARGS:-} --out "$RES" ;;
     split_cat_quant) step split_cat_quant "${T_SPLIT_QUANT:-200}" python benchmarks/bench_gemm_split_cat_quant.py ${SPLIT_QUANT_ARGS:-} --out "$RES" ;;
     split_cat_sweep) step split_cat_sweep "${T_SPLIT_SWEEP:-120}" python benchmarks/bench_gemm_split_cat.py --sweep-only ${SPLIT_SWEEP_ARGS:-} --out "$RES" ;;
     split_cat_install)  # the sweep's sm90 entries into the table before timing with it
