@@ -583,15 +583,9 @@ def _replace_split_cat(m: Match, ctx, build):
     s3 = static_int(val(m.root).shape[-1]) - s1
     if _appends_nothing(m):
         # Nothing to append (GLM-5.3-Flash's MLA has no rope part: the cat is a copy of c1): the
-        # split's pieces, the first one the output.
-        fused = build.call(producer.split, (*producer.operands(m, build), layout.d, list(sizes)))
-        pieces = build.outputs(fused, len(sizes))
-        values = [_present(build, pieces[0], s1, layout, m)]
-        for size, piece, output in zip(sizes[1:], pieces[1:], m["piece_outputs"][1:]):
-            if output is not None:
-                shown = _present(build, piece, size, layout, m)
-                values.append(_carried(build, output, shown, _dense_piece_copied(output, layout)))
-        return values
+        # split's pieces. The first piece's output node is the piece itself (the cat or copy
+        # reads it), so the split's replacement shows it as the output.
+        return _replace_split(m, ctx, build)
     y_rows = _prepare_y(build, m, layout, s3)
     fused = build.call(producer.split_cat, (*producer.operands(m, build), layout.d, s1, s2, y_rows))
     out, c2 = build.outputs(fused, 2)
