@@ -31,6 +31,7 @@ from fxfuse.kernels import gemm_ref
 from fxfuse.kernels import gemm_split_cat_ref as ref
 from fxfuse.runtime import gemm_ops, launch_tables
 from fxfuse.runtime.dispatch import (
+    BACKEND_TRITON,
     BACKEND_UNFUSED,
     BACKEND_VENDOR,
     gemm_backend_override,
@@ -87,18 +88,25 @@ def _on_kernel(*tensors: torch.Tensor) -> bool:
     return tensors[0].dtype in KERNEL_DTYPES and use_triton(*tensors)
 
 
-def _use_vendor(
+def _backend(
     x: torch.Tensor, w: torch.Tensor, d: int, widths, y=None, table: str = BACKEND_TABLE
-) -> bool:
-    """The vendor GEMM runs this call: FXFUSE_GEMM_BACKEND says so (on any device: torch.bmm runs
-    everywhere), or, on CUDA/ROCm, the backend table for this (M, N, K) unless the kernel's
-    head-tile path takes the call (it beats the vendor path wherever it applies)."""
+) -> int:
+    """Who runs this call (BACKEND_*): FXFUSE_GEMM_BACKEND when set (on any device: torch.bmm
+    runs everywhere), else, on CUDA/ROCm, the backend table for this (M, N, K), except that the
+    kernel's head-tile path takes a call the table gives the vendor (it beats the vendor path
+    wherever it applies); the kernel otherwise."""
     choice = gemm_backend_override()
     if choice != "auto":
-        return choice == "vendor"
-    if _table_choice(x, w, table) != BACKEND_VENDOR:
-        return False
-    return not _kernels().takes_head_tiles(x, w, d, widths, y)
+        return BACKEND_VENDOR if choice == "vendor" else BACKEND_TRITON
+    backend = _table_choice(x, w, table)
+    if backend == BACKEND_VENDOR and _kernels().takes_head_tiles(x, w, d, widths, y):
+        return BACKEND_TRITON
+    return BACKEND_TRITON if backend is None else backend
+
+
+def _use_vendor(x: torch.Tensor, w: torch.Tensor, d: int, widths, y=None) -> bool:
+    """The vendor GEMM runs this gemm_split_cat call (`_backend`)."""
+    return _backend(x, w, d, widths, y) == BACKEND_VENDOR
 
 
 def _table_choice(x: torch.Tensor, w: torch.Tensor, table: str) -> int | None:
@@ -169,10 +177,10 @@ def gemm_split(x: torch.Tensor, w: torch.Tensor, d: int, sizes: list[int]) -> li
     """The pieces of split((x @ wᵀ).view(M, d, sum(sizes)), sizes, -1), each contiguous."""
     _check_split(x, w, d, sizes)
     if _on_kernel(x, w):
-        auto = gemm_backend_override() == "auto"
-        if auto and _table_choice(x, w, SPLIT_BACKEND_TABLE) == BACKEND_UNFUSED:
+        backend = _backend(x, w, d, sizes, table=SPLIT_BACKEND_TABLE)
+        if backend == BACKEND_UNFUSED:
             return list(ref.gemm_split_ref(x, w, d, list(sizes)))
-        if _use_vendor(x, w, d, sizes, table=SPLIT_BACKEND_TABLE):
+        if backend == BACKEND_VENDOR:
             return _vendor_split(x, w, d, list(sizes))
         return list(_kernels().gemm_split(x, w, d, list(sizes)))
     return list(ref.gemm_split_ref(x, w, d, list(sizes)))
