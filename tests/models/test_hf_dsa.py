@@ -22,16 +22,19 @@ LAYERS = 2
 TOPK = 4  # of 7 keys a sequence: rows 0-3 (causal) keep every visible key and masked ones
 
 
+# 4 heads of qk_nope 16 | v 16 from a 32-wide latent, rope 8; an indexer of 4 heads of 16.
+TINY = dict(
+    vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+    num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=4,
+    n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+    first_k_dense_replace=LAYERS, q_lora_rank=48, kv_lora_rank=32, qk_rope_head_dim=8,
+    qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=64, index_topk=TOPK,
+    index_head_dim=16, index_n_heads=4,
+)  # fmt: skip
+
+
 def _tiny(name: str, attn: str, indexer_types=None):
-    # 4 heads of qk_nope 16 | v 16 from a 32-wide latent, rope 8; an indexer of 4 heads of 16.
-    common = dict(
-        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-        num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=4,
-        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
-        first_k_dense_replace=LAYERS, q_lora_rank=48, kv_lora_rank=32, qk_rope_head_dim=8,
-        qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=64, index_topk=TOPK,
-        index_head_dim=16, index_n_heads=4,
-    )  # fmt: skip
+    common = dict(TINY)
     if name == "deepseek_v32":
         cfg = transformers.DeepseekV32Config(**common, head_dim=8)
         cls = transformers.DeepseekV32ForCausalLM
@@ -171,13 +174,8 @@ def _tiny_other(model_type: str):
     if getattr(cfg, "text_config", None) is not None:
         cfg = cfg.text_config
     fields = dict(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
-        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48,
-        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, head_dim=8, qk_head_dim=24,
-        max_position_embeddings=64, pad_token_id=0, index_topk=TOPK, index_head_dim=16,
-        index_n_heads=4, mlp_layer_types=["dense"] * LAYERS, first_k_dense_replace=LAYERS,
-        moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
-    )  # fmt: skip
+        TINY, head_dim=8, qk_head_dim=24, pad_token_id=0, mlp_layer_types=["dense"] * LAYERS
+    )
     for key, value in {**fields, **OTHER_DSA[model_type][0]}.items():
         setattr(cfg, key, value)
     top._attn_implementation = cfg._attn_implementation = "eager"
