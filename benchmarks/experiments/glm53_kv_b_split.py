@@ -1,5 +1,6 @@
 """GLM-5.3-Flash's kv_b (no rope part): fxfuse.gemm_split against the unfused GEMM + key copy
-and the GEMM alone, CUDA graphs (inputs not rotated), each output checked against float64.
+and the GEMM alone, CUDA graphs (inputs not rotated), each output checked against float64. The
+op is called as the pattern calls it: the value (read in place) is its view piece.
 
     PYTHONPATH=. python benchmarks/experiments/glm53_kv_b_split.py [--m 128,1024]
                                                         # writes $OUT/glm53.json
@@ -31,7 +32,7 @@ def main() -> None:
             x = torch.randn(m, K, dtype=torch.bfloat16, device="cuda")
             w = torch.randn(heads * 2 * S, K, dtype=torch.bfloat16, device="cuda") / K**0.5
             ref = (x.double() @ w.double().T).view(m, heads, 2 * S)
-            pieces = torch.ops.fxfuse.gemm_split(x, w, heads, [S, S])
+            pieces = torch.ops.fxfuse.gemm_split(x, w, heads, [S, S], 1)
             err = max(
                 ((got.double() - want).norm() / want.norm()).item()
                 for got, want in zip(pieces, (ref[..., :S], ref[..., S:]))
@@ -39,7 +40,7 @@ def main() -> None:
             assert err < 1e-2, err
 
             def fused(x=x, w=w, heads=heads):
-                return torch.ops.fxfuse.gemm_split(x, w, heads, [S, S])
+                return torch.ops.fxfuse.gemm_split(x, w, heads, [S, S], 1)
 
             def unfused(x=x, w=w, heads=heads, m=m):
                 c = F.linear(x, w).view(m, heads, 2 * S)

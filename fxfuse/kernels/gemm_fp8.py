@@ -642,11 +642,12 @@ def gemm_fp8(
     return out
 
 
-def _gemm_fp8_into(q, x_scale, w, w_scale, out_dtype, d, widths, y, config, target):
-    """gemm_fp8 into `destinations(..)`: the split-cat's (out, c2) with y, else the pieces."""
+def _gemm_fp8_into(q, x_scale, w, w_scale, out_dtype, d, widths, y, config, target, view=-1):
+    """gemm_fp8 into `destinations(..)`: the split-cat's (out, c2) with y, else the pieces (piece
+    `view` laid out as the split's view)."""
     kind = check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype)
     _check_runnable(q, "q")
-    outputs, dest = destinations(q, w.shape[0], d, widths, y, out_dtype)
+    outputs, dest = destinations(q, w.shape[0], d, widths, y, out_dtype, view)
     if q.shape[0]:
         _launch(
             q, x_scale, w, w_scale, dest[0][0], a_kind=A_FP8, blockwise=kind == SCALE_BLOCK,
@@ -670,11 +671,14 @@ def gemm_fp8_split_cat(
 @planned
 def gemm_fp8_split(
     q, x_scale, w, w_scale, d: int, sizes, out_dtype: torch.dtype = torch.bfloat16,
-    *, config: dict | None = None, target: str | None = None,
+    view_piece: int = -1, *, config: dict | None = None, target: str | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """The pieces of split(gemm_fp8(q, ..).view(M, d, sum(sizes)), sizes, -1), each contiguous,
-    written straight from the GEMM tiles (up to four)."""
-    return _gemm_fp8_into(q, x_scale, w, w_scale, out_dtype, d, sizes, None, config, target)
+    """The pieces of split(gemm_fp8(q, ..).view(M, d, sum(sizes)), sizes, -1), each contiguous
+    except `view_piece` (the split's view, `gemm_split_cat_ref.piece_buffers`), written straight
+    from the GEMM tiles (up to four)."""
+    return _gemm_fp8_into(
+        q, x_scale, w, w_scale, out_dtype, d, sizes, None, config, target, view_piece
+    )
 
 
 def _split_cat_dtype(y) -> torch.dtype:

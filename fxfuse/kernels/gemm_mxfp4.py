@@ -695,12 +695,13 @@ def _checked_args(q, x_scale, w, w_scale, out_dtype, preshuffled, n) -> tuple[in
     return m, k, n
 
 
-def _gemm_into(q, x_scale, w, w_scale, out_dtype, d, widths, y, layout: dict):
-    """gemm_mxfp4 into `destinations(..)`: the split-cat's (out, c2) with y, else the pieces."""
+def _gemm_into(q, x_scale, w, w_scale, out_dtype, d, widths, y, layout: dict, view=-1):
+    """gemm_mxfp4 into `destinations(..)`: the split-cat's (out, c2) with y, else the pieces
+    (piece `view` laid out as the split's view)."""
     m, k, n = _checked_args(
         q, x_scale, w, w_scale, out_dtype, layout["preshuffled"], layout["n"]
     )
-    outputs, dest = destinations(q, n, d, widths, y, out_dtype)
+    outputs, dest = destinations(q, n, d, widths, y, out_dtype, view)
     if m:
         _launch(
             q, x_scale, w, w_scale, dest[0][0], n, k, a_bf16=False,
@@ -728,14 +729,15 @@ def gemm_mxfp4_split_cat(
 @planned
 def gemm_mxfp4_split(
     q, x_scale, w, w_scale, d: int, sizes, out_dtype: torch.dtype = torch.bfloat16,
-    *, preshuffled: bool = False, n: int | None = None, use_dot_scaled: bool | None = None,
-    config: dict | None = None, target: str | None = None,
+    view_piece: int = -1, *, preshuffled: bool = False, n: int | None = None,
+    use_dot_scaled: bool | None = None, config: dict | None = None, target: str | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """The pieces of split(gemm_mxfp4(q, ..).view(M, d, sum(sizes)), sizes, -1), each
-    contiguous, written straight from the GEMM tiles (up to four)."""
+    contiguous except `view_piece` (the split's view, `gemm_split_cat_ref.piece_buffers`),
+    written straight from the GEMM tiles (up to four)."""
     layout = dict(preshuffled=preshuffled, n=n, use_dot_scaled=use_dot_scaled, config=config,
                   target=target)  # fmt: skip
-    return _gemm_into(q, x_scale, w, w_scale, out_dtype, d, sizes, None, layout)
+    return _gemm_into(q, x_scale, w, w_scale, out_dtype, d, sizes, None, layout, view_piece)
 
 
 @planned

@@ -551,15 +551,18 @@ def epilogue_args(dest, out: torch.Tensor, block_m: int, block_n: int) -> tuple[
     return args, meta
 
 
-def destinations(q: torch.Tensor, n: int, d: int, widths, y, dtype: torch.dtype):
+def destinations(
+    q: torch.Tensor, n: int, d: int, widths, y, dtype: torch.dtype, view_piece: int = -1
+):
     """(outputs, dest) for a GEMM of q's rows and n columns in dtype, validated; dest is
     `epilogue_args`'s. With y, the split-cat's (out, c2) (widths = [s1, s2]): out contiguous, c2
     laid out as the unfused graph's c2, the last s2 columns of an (M, d, s1 + s2) buffer
-    (`split_cat_c2`). Without y, the pieces of the split by widths, each contiguous."""
+    (`split_cat_c2`). Without y, the pieces of the split by widths, each contiguous except
+    `view_piece`, laid out as the split's view (`piece_buffers`)."""
     m = q.shape[0]
     if y is None:
-        ref.check_sizes(n, d, widths)
-        pieces = [torch.empty((m, d, size), dtype=dtype, device=q.device) for size in widths]
+        ref.check_sizes(n, d, widths, view_piece)
+        pieces = ref.piece_buffers(m, d, list(widths), view_piece, dtype, q.device)
         return tuple(pieces), (pieces, list(widths), d, None)
     ref.check_cat_args(m, n, dtype, q.device, d, *widths, y, "q")
     s1, s2 = widths
@@ -852,7 +855,7 @@ def _launch(
         return
     dst = pieces + [pieces[0]] * (MAX_PIECES - num_pieces)
     w_pad = widths + [0] * (MAX_PIECES - num_pieces)
-    ld = [p.shape[-1] for p in pieces] + [1] * (MAX_PIECES - num_pieces)
+    ld = [p.stride(1) for p in pieces] + [1] * (MAX_PIECES - num_pieces)
     y_arg = x if y is None else y
     y_strides = (0, 0, 0) if y is None else y.stride()
     sizes = (m, n, k, d, sum(widths), w_pad[0], w_pad[1], w_pad[2], *ld, s3)
@@ -915,16 +918,17 @@ def gemm_split(
     w: torch.Tensor,
     d: int,
     sizes: list[int] | tuple[int, ...],
+    view_piece: int = -1,
     *,
     config: dict | None = None,
     target: str | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """The pieces of split((x @ wᵀ).view(M, d, sum(sizes)), sizes, -1), each (M, d, size)
-    contiguous, written straight from the GEMM tiles (up to four pieces)."""
+    contiguous except `view_piece` (laid out as the split's view of the GEMM output,
+    `gemm_split_cat_ref.piece_buffers`), written straight from the GEMM tiles (up to four)."""
     _check_gemm_inputs(x, w, d)
     sizes = list(sizes)
-    ref.check_sizes(w.shape[0], d, sizes)
-    m = x.shape[0]
-    pieces = [torch.empty((m, d, s), dtype=x.dtype, device=x.device) for s in sizes]
+    ref.check_sizes(w.shape[0], d, sizes, view_piece)
+    pieces = ref.piece_buffers(x.shape[0], d, sizes, view_piece, x.dtype, x.device)
     _launch(x, w, d, pieces, sizes, None, config, target)
     return tuple(pieces)

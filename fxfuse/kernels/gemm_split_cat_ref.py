@@ -5,7 +5,9 @@
     out     = cat([c1, y], -1)                      y (M, D, S3), any strides (often an expand)
     returns (out (M, D, S1 + S3), c2 (M, D, S2)), both contiguous
 
-`gemm_split_ref` is the same without the cat: the pieces of `split(c, sizes, -1)`, each contiguous.
+`gemm_split_ref` is the same without the cat: the pieces of `split(c, sizes, -1)`, each contiguous
+except the `view_piece` (when given), which stays the view of c the split made: a piece the
+graph reads in place is not copied (`piece_buffers` lays out the kernels' destinations alike).
 `split_cat_of` / `split_of` are the part after the GEMM, for any GEMM (the quantized producers);
 `check_cat_args` / `check_sizes` validate the split arguments for the ops and the kernels alike.
 The GEMM runs in x.dtype as torch runs it; tests compare against a float64 reference instead.
@@ -24,9 +26,13 @@ def gemm_split_cat_ref(
 
 
 def gemm_split_ref(
-    x: torch.Tensor, w: torch.Tensor, d: int, sizes: list[int] | tuple[int, ...]
+    x: torch.Tensor,
+    w: torch.Tensor,
+    d: int,
+    sizes: list[int] | tuple[int, ...],
+    view_piece: int = -1,
 ) -> tuple[torch.Tensor, ...]:
-    return split_of(F.linear(x, w), d, sizes)
+    return split_of(F.linear(x, w), d, sizes, view_piece)
 
 
 def split_cat_of(
@@ -44,11 +50,30 @@ def split_cat_c2(c: torch.Tensor, d: int, s1: int, s2: int) -> torch.Tensor:
 
 
 def split_of(
-    c: torch.Tensor, d: int, sizes: list[int] | tuple[int, ...]
+    c: torch.Tensor, d: int, sizes: list[int] | tuple[int, ...], view_piece: int = -1
 ) -> tuple[torch.Tensor, ...]:
-    """The contiguous pieces of split(c.view(M, d, sum(sizes)), sizes, -1)."""
+    """The pieces of split(c.view(M, d, sum(sizes)), sizes, -1): contiguous copies, except
+    piece `view_piece` (-1: none), the split's own view of c."""
     pieces = torch.split(c.view(c.shape[0], d, sum(sizes)), list(sizes), dim=-1)
-    return tuple(piece.contiguous() for piece in pieces)
+    return tuple(p if i == view_piece else p.contiguous() for i, p in enumerate(pieces))
+
+
+def piece_buffers(
+    m: int, d: int, sizes, view_piece: int, dtype: torch.dtype, device
+) -> list[torch.Tensor]:
+    """Empty destinations for the pieces of a split of an (M, d·sum(sizes)) GEMM output, laid out
+    as `split_of` returns them: (M, d, size) contiguous, except piece `view_piece`, which is its
+    columns of each head of an (M, d, sum(sizes)) buffer (strides (d·sum, sum, 1)), as the
+    unfused split's view. Only that piece lives in the buffer: no two outputs share storage."""
+    pieces = []
+    for i, size in enumerate(sizes):
+        if i == view_piece:
+            lo, width = sum(sizes[:i]), sum(sizes)
+            full = torch.empty((m, d, width), dtype=dtype, device=device)
+            pieces.append(full[..., lo : lo + size])
+        else:
+            pieces.append(torch.empty((m, d, size), dtype=dtype, device=device))
+    return pieces
 
 
 MAX_PIECES = 4  # the kernels' most output pieces
@@ -76,8 +101,9 @@ def check_cat_args(m: int, n: int, dtype, device, d, s1, s2, y, first: str) -> N
         raise ValueError(f"y: on {y.device}, {first} on {device}")
 
 
-def check_sizes(n: int, d, sizes) -> None:
-    """The split sizes of a GEMM of n columns viewed as (d, sum(sizes))."""
+def check_sizes(n: int, d, sizes, view_piece=-1) -> None:
+    """The split sizes of a GEMM of n columns viewed as (d, sum(sizes)), and the index of the
+    piece returned as a view (-1: none)."""
     if isinstance(d, bool) or not isinstance(d, int) or d < 1:
         raise ValueError(f"d: expected a positive int, got {d!r}")
     if not isinstance(sizes, (list, tuple)) or not 1 <= len(sizes) <= MAX_PIECES:
@@ -86,3 +112,11 @@ def check_sizes(n: int, d, sizes) -> None:
         raise ValueError(f"sizes: expected non-negative ints with a positive sum, got {sizes}")
     if n != d * sum(sizes):
         raise ValueError(f"w: has {n} output rows, expected d·sum(sizes) = {d * sum(sizes)}")
+    if (
+        isinstance(view_piece, bool)
+        or not isinstance(view_piece, int)
+        or not -1 <= view_piece < len(sizes)
+    ):
+        raise ValueError(
+            f"view_piece: expected -1 or a piece index below {len(sizes)}, got {view_piece!r}"
+        )

@@ -606,13 +606,30 @@ def _replace_split_cat(m: Match, ctx, build):
 def _replace_split(m: Match, ctx, build):
     layout, producer = _layout(m), _producer(m)
     sizes = m["sizes"]
-    fused = build.call(producer.split, (*producer.operands(m, build), layout.d, list(sizes)))
+    args = (*producer.operands(m, build), layout.d, list(sizes), _view_piece(m, layout))
+    fused = build.call(producer.split, args)
     values = []
     for size, piece, output in zip(sizes, build.outputs(fused, len(sizes)), m["piece_outputs"]):
         if output is not None:
             shown = _present(build, piece, size, layout, m)
             values.append(_carried(build, output, shown, _dense_piece_copied(output, layout)))
     return values
+
+
+def _view_piece(m: Match, layout: Layout) -> int:
+    """The piece the fused split returns as the graph's own view of the GEMM output (-1: none):
+    the widest piece the graph reads in place or copies into another layout, so that no backend
+    copies more than the graph did (the unfused backend runs the graph's chain byte for byte).
+    Never the piece a cat (or the 0-wide-y copy) reads: the fused piece replaces that copy. At
+    most one: two views would share the op's buffer, and a custom op's outputs may not."""
+    kept = [
+        (size, -i)
+        for i, (size, output) in enumerate(zip(m["sizes"], m["piece_outputs"]))
+        if output is not None
+        and i != m["piece_index"]
+        and not (_calls(output, COPIES) and _dense_piece_copied(output, layout))
+    ]
+    return -max(kept)[1] if kept else -1
 
 
 def _common_guard(m: Match, ctx) -> str | None:

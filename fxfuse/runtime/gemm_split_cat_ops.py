@@ -4,8 +4,11 @@
         c = (x @ wᵀ).view(M, d, s1 + s2);  c1, c2 = split(c, [s1, s2], -1);  out = cat([c1, y], -1)
         x (M, K), w (N, K) (F.linear layout, any strides), y (M, d, S3) any strides (an expand too);
         out (M, d, s1 + S3) and c2 (M, d, s2), both contiguous.
-    gemm_split(x, w, d, sizes) -> [pieces]
-        the pieces of split((x @ wᵀ).view(M, d, sum(sizes)), sizes, -1), each (M, d, size) contiguous.
+    gemm_split(x, w, d, sizes, view_piece=-1) -> [pieces]
+        the pieces of split((x @ wᵀ).view(M, d, sum(sizes)), sizes, -1), each (M, d, size)
+        contiguous, except piece `view_piece` (-1: none): laid out as the split's view of the GEMM
+        output (its columns of each head of an (M, d, sum(sizes)) buffer holding it alone), for a
+        piece the graph reads in place, so that no backend copies it where the graph did not.
 
 bf16 / fp16 calls on CUDA/ROCm and in the interpreter have two implementations, picked per shape
 by the launch table `gemm_split_cat_backend` (FXFUSE_GEMM_BACKEND=triton|vendor overrides it):
@@ -15,8 +18,8 @@ by the launch table `gemm_split_cat_backend` (FXFUSE_GEMM_BACKEND=triton|vendor 
   C matrices are that piece's slices of the destination (ld = d · row width, batch stride = row
   width), so no tile goes through a temporary; then y's slice is copied (a second kernel).
 `gemm_split` has its own table, `gemm_split_backend`, with a third choice: the unfused chain
-(the vendor GEMM, then each piece copied), which it takes up to M 2048 on sm90, where the kernel
-lost to the unfused graph on every measured shape.
+(the vendor GEMM, then each piece but `view_piece` copied: the graph's own chain), which it takes
+up to M 2048 on sm90, where the kernel lost to the unfused graph on every measured shape.
 Every other case runs the torch reference (kernels/gemm_split_cat_ref.py), which is the unfused
 spelling itself, so an fp32 call or a CPU run without the interpreter keeps its bytes.
 """
@@ -79,9 +82,9 @@ def _check_split_cat(x, w, d, s1, s2, y) -> None:
     ref.check_cat_args(x.shape[0], w.shape[0], x.dtype, x.device, d, s1, s2, y, "x")
 
 
-def _check_split(x, w, d, sizes) -> None:
+def _check_split(x, w, d, sizes, view_piece=-1) -> None:
     _check_gemm(x, w, d)
-    ref.check_sizes(w.shape[0], d, sizes)
+    ref.check_sizes(w.shape[0], d, sizes, view_piece)
 
 
 def _on_kernel(*tensors: torch.Tensor) -> bool:
@@ -146,8 +149,8 @@ def _vendor_split_cat(x, w, d, s1, s2, y):
     return out, c2
 
 
-def _vendor_split(x, w, d, sizes):
-    pieces = [x.new_empty((x.shape[0], d, size)) for size in sizes]
+def _vendor_split(x, w, d, sizes, view_piece):
+    pieces = ref.piece_buffers(x.shape[0], d, sizes, view_piece, x.dtype, x.device)
     _vendor_gemm_into(x, w, d, sizes, pieces)
     return pieces
 
@@ -173,29 +176,33 @@ def _(x, w, d, s1, s2, y):
 
 
 @fused_op("fxfuse::gemm_split", mutates_args=())
-def gemm_split(x: torch.Tensor, w: torch.Tensor, d: int, sizes: list[int]) -> list[torch.Tensor]:
-    """The pieces of split((x @ wᵀ).view(M, d, sum(sizes)), sizes, -1), each contiguous."""
-    _check_split(x, w, d, sizes)
+def gemm_split(
+    x: torch.Tensor, w: torch.Tensor, d: int, sizes: list[int], view_piece: int = -1
+) -> list[torch.Tensor]:
+    """The pieces of split((x @ wᵀ).view(M, d, sum(sizes)), sizes, -1), each contiguous except
+    `view_piece` (the split's view, `gemm_split_cat_ref.piece_buffers`)."""
+    _check_split(x, w, d, sizes, view_piece)
+    sizes = list(sizes)
     if _on_kernel(x, w):
         backend = _backend(x, w, d, sizes, table=SPLIT_BACKEND_TABLE)
         if backend == BACKEND_UNFUSED:
-            return list(ref.gemm_split_ref(x, w, d, list(sizes)))
+            return list(ref.gemm_split_ref(x, w, d, sizes, view_piece))
         if backend == BACKEND_VENDOR:
-            return _vendor_split(x, w, d, list(sizes))
-        return list(_kernels().gemm_split(x, w, d, list(sizes)))
-    return list(ref.gemm_split_ref(x, w, d, list(sizes)))
+            return _vendor_split(x, w, d, sizes, view_piece)
+        return list(_kernels().gemm_split(x, w, d, sizes, view_piece))
+    return list(ref.gemm_split_ref(x, w, d, sizes, view_piece))
 
 
 @gemm_split.register_fake
-def _(x, w, d, sizes):
-    _check_split(x, w, d, sizes)
-    return [x.new_empty((x.shape[0], d, size)) for size in sizes]
+def _(x, w, d, sizes, view_piece=-1):
+    _check_split(x, w, d, sizes, view_piece)
+    return ref.piece_buffers(x.shape[0], d, list(sizes), view_piece, x.dtype, x.device)
 
 
 # --- quantized producers: the A8W8 and AFP4WFP4 GEMMs with the same split epilogue ---------------
 #
 #   gemm_fp8_split_cat(q, x_scale, w, w_scale, out_dtype, d, s1, s2, y) -> (out, c2)
-#   gemm_fp8_split(q, x_scale, w, w_scale, out_dtype, d, sizes) -> [pieces]
+#   gemm_fp8_split(q, x_scale, w, w_scale, out_dtype, d, sizes, view_piece=-1) -> [pieces]
 #   gemm_mxfp4_split_cat / gemm_mxfp4_split: the same over gemm_mxfp4's operands
 # c is gemm_fp8(q, x_scale, w, w_scale, out_dtype) (gemm_mxfp4 ...); the rest as above, with y in
 # out_dtype, except that c2 is laid out as in the unfused graph: the last s2 columns of each head
@@ -220,22 +227,23 @@ def _quantized_n(kind: str, q, x_scale, w, w_scale, out_dtype) -> tuple[int, str
     return n, kind
 
 
-def _check_quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
-    """(N, scale kind) of a quantized split-cat (y given) or split (y None), every argument
-    checked (the ops and their fakes alike)."""
+def _check_quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y, view=-1):
+    """(N, scale kind) of a quantized split-cat (y given) or split (y None, piece `view` returned
+    as the split's view), every argument checked (the ops and their fakes alike)."""
     q = gemm[0]
     n, scales = _quantized_n(kind, *gemm, out_dtype)
     if y is None:
-        ref.check_sizes(n, d, widths)
+        ref.check_sizes(n, d, widths, view)
     else:
         ref.check_cat_args(q.shape[0], n, out_dtype, q.device, d, *widths, y, "q")
     return n, scales
 
 
-def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
-    """(out, c2) of the split-cat (y given) or the pieces of the split (y None)."""
+def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y, view=-1):
+    """(out, c2) of the split-cat (y given) or the pieces of the split (y None; piece `view` laid
+    out as the split's view)."""
     q, w = gemm[0], gemm[2]
-    _, scales = _check_quantized(kind, gemm, out_dtype, d, widths, y)
+    _, scales = _check_quantized(kind, gemm, out_dtype, d, widths, y, view)
     kernels, layout = None, {}
     if kind == "mxfp4" and use_triton(q, w):
         kernels, layout = (
@@ -246,19 +254,18 @@ def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
         kernels = gemm_ops._fp8_kernels()
     if kernels is not None:
         if y is None:
-            return list(
-                getattr(kernels, f"gemm_{kind}_split")(*gemm, d, widths, out_dtype, **layout)
-            )
+            split = getattr(kernels, f"gemm_{kind}_split")
+            return list(split(*gemm, d, widths, out_dtype, view, **layout))
         return getattr(kernels, f"gemm_{kind}_split_cat")(*gemm, d, *widths, y, **layout)
     if scales == gemm_ref.SCALE_ROWWISE and y is not None and _fp8_head_tiles_take(q):
         got = _kernels().fp8_head_tiles(*gemm, d, *widths, y)
         if got is not None:
             return got
-    # The vendor GEMM (or the reference), then the pieces copied out of its result; c2 stays
-    # a view of it, as in the unfused graph.
+    # The vendor GEMM (or the reference), then the pieces copied out of its result; c2 (the
+    # split's view_piece) stays a view of it, as in the unfused graph.
     c = (gemm_ops._gemm_fp8 if kind == "fp8" else gemm_ops._gemm_mxfp4)(*gemm, out_dtype)
     if y is None:
-        return list(ref.split_of(c, d, widths))
+        return list(ref.split_of(c, d, widths, view))
     if use_triton(c, y):  # the cat in one kernel (torch.cat of these views is several times slower)
         out = _kernels().cat_pieces(c, d, *widths, y)
     else:
@@ -276,11 +283,11 @@ def _fp8_head_tiles_take(q: torch.Tensor) -> bool:
     return min_m is not None and q.shape[0] >= min_m
 
 
-def _quantized_fake(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y):
+def _quantized_fake(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y, view=-1):
     q = gemm[0]
-    n, _ = _check_quantized(kind, gemm, out_dtype, d, widths, y)
+    n, _ = _check_quantized(kind, gemm, out_dtype, d, widths, y, view)
     if y is None:
-        return [q.new_empty((q.shape[0], d, size), dtype=out_dtype) for size in widths]
+        return ref.piece_buffers(q.shape[0], d, widths, view, out_dtype, q.device)
     c = y.new_empty((q.shape[0], n))
     return y.new_empty((q.shape[0], d, widths[0] + y.shape[2])), ref.split_cat_c2(c, d, *widths)
 
@@ -302,13 +309,15 @@ def _quantized_ops(kind: str):
     @fused_op(f"fxfuse::gemm_{kind}_split", mutates_args=())
     def split(
         q: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-        out_dtype: torch.dtype, d: int, sizes: list[int],
+        out_dtype: torch.dtype, d: int, sizes: list[int], view_piece: int = -1,
     ) -> list[torch.Tensor]:
-        return _quantized(kind, (q, x_scale, w, w_scale), out_dtype, d, list(sizes), None)
+        gemm = (q, x_scale, w, w_scale)
+        return _quantized(kind, gemm, out_dtype, d, list(sizes), None, view_piece)
 
     @split.register_fake
-    def _(q, x_scale, w, w_scale, out_dtype, d, sizes):
-        return _quantized_fake(kind, (q, x_scale, w, w_scale), out_dtype, d, list(sizes), None)
+    def _(q, x_scale, w, w_scale, out_dtype, d, sizes, view_piece=-1):
+        gemm = (q, x_scale, w, w_scale)
+        return _quantized_fake(kind, gemm, out_dtype, d, list(sizes), None, view_piece)
 
     return split_cat, split
 

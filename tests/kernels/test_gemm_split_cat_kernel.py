@@ -168,6 +168,30 @@ def test_bad_inputs_name_the_argument(mutate, argument):
         gemm_split_cat(args["x"], args["w"], args["d"], args["s1"], args["s2"], args["y"])
 
 
+@pytest.mark.parametrize(
+    "view_piece, config", [(1, SMALL), (0, SMALL), (2, {**SMALL, "SPLIT_K": 2})]
+)
+def test_gemm_split_view_piece_has_the_split_views_strides(view_piece, config):
+    """Piece `view_piece` is written where the unfused split's view has it: its columns of each
+    head of an (M, d, sum(sizes)) buffer; the others stay contiguous; every value as before."""
+    torch.manual_seed(view_piece)
+    m, k, d, sizes = 13, 64, 2, [24, 40, 8]
+    x = make_x("contiguous", m, k, torch.bfloat16)
+    w = torch.randn(d * sum(sizes), k, dtype=torch.bfloat16, device=DEVICE)
+    pieces = gemm_split(x, w, d, sizes, view_piece, config=config)
+    plain = gemm_split(x, w, d, sizes, config=config)
+    want = torch.split(torch.empty(m, d, sum(sizes)), sizes, dim=-1)
+    for i, (piece, same) in enumerate(zip(pieces, plain)):
+        assert piece.shape == same.shape and torch.equal(piece, same)
+        if i == view_piece:
+            assert piece.stride() == want[i].stride() and not piece.is_contiguous()
+        else:
+            assert piece.is_contiguous()
+    # The view piece holds its buffer alone: no two outputs share storage.
+    storages = {p.untyped_storage().data_ptr() for p in pieces}
+    assert len(storages) == len(pieces)
+
+
 def test_gemm_split_bad_inputs():
     x, w, d, _, _, _ = _inputs()
     with pytest.raises(ValueError, match=r"^w:"):
@@ -180,6 +204,9 @@ def test_gemm_split_bad_inputs():
         gemm_split(x, w, d, [16, 8], config={"BLOCK_N": 24})
     with pytest.raises(ValueError, match=r"^config: PERSISTENT"):
         gemm_split(x, w, d, [16, 8], config={"PERSISTENT": 2})
+    for bad in (2, -2, True, 1.0):
+        with pytest.raises(ValueError, match=r"^view_piece:"):
+            gemm_split(x, w, d, [16, 8], bad)
 
 
 HEAD = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "PERSISTENT": 1}

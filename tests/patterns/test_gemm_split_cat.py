@@ -209,8 +209,13 @@ def test_fp16_and_the_copy_is_dropped():
     assert (
         "aten.contiguous.default" not in targets and "aten.split_with_sizes.default" not in targets
     )
-    out = fused(*inputs)
-    assert all(t.is_contiguous() for t in out)
+    out, want = fused(*inputs), model(*inputs)
+    # The copied piece is the fused op's own; the one read in place keeps the split's view
+    # strides (the op lays it out so, and no backend copies it).
+    assert out[0].is_contiguous() and not want[1].is_contiguous()
+    assert out[1].stride() == want[1].stride()
+    (node,) = [n for n in fused.graph.nodes if n.target is torch.ops.fxfuse.gemm_split.default]
+    assert node.args[-1] == 1  # view_piece
     _check_numbers(out, inputs, kv_a, 0)
 
 
@@ -221,6 +226,20 @@ def test_clone_of_a_transposed_piece_is_dropped_and_its_strides_kept(reference_p
     assert "aten.clone.default" not in targets and SPLIT_OP in targets
     got, want = fused(*inputs), model(*inputs)
     assert got[0].stride() == want[0].stride()
+    assert outputs_bytes_equal(got, want)
+
+
+@pytest.mark.parametrize("spelling", [hf_no_rope, no_rope_cat, heads_clone, kv_a])
+def test_split_keeps_the_piece_read_in_place_as_the_graphs_view(spelling, reference_path):
+    """gemm_split returns the piece the graph reads in place (the value) as the split's own view,
+    never the copied one: the value has the unfused model's strides, so no backend copies a
+    piece the graph did not (at small M the op runs the graph's own chain)."""
+    model, inputs = Spelled(spelling), _inputs(spelling)
+    fused = _fuse(model, inputs)
+    (node,) = [n for n in fused.graph.nodes if n.target is torch.ops.fxfuse.gemm_split.default]
+    assert node.args[-1] == 1
+    got, want = fused(*inputs), model(*inputs)
+    assert got[1].stride() == want[1].stride() and not want[1].is_contiguous()
     assert outputs_bytes_equal(got, want)
 
 
@@ -434,6 +453,8 @@ def test_ops_pass_opcheck(path, monkeypatch):
     x, w, y = _op_args()
     torch.library.opcheck(torch.ops.fxfuse.gemm_split_cat.default, (x, w, D, S1, S2, y))
     torch.library.opcheck(torch.ops.fxfuse.gemm_split.default, (x, w, D, [S1, 8, S2 - 8]))
+    # A piece returned as the split's view (strides of the (M, D, S1 + S2) GEMM output).
+    torch.library.opcheck(torch.ops.fxfuse.gemm_split.default, (x, w, D, [S1, 8, S2 - 8], 1))
 
 
 def test_ops_run_fp32_on_the_reference():
@@ -636,10 +657,16 @@ def test_quantized_ops_pass_opcheck(kind, path, monkeypatch):
     )
     torch.library.opcheck(split_cat.default, (*gemm, BF16, QD, QS1, QS2, y), test_utils=utils)
     torch.library.opcheck(split.default, (*gemm, BF16, QD, [QS1, 8, QS2 - 8]), test_utils=utils)
+    three = (*gemm, BF16, QD, [QS1, 8, QS2 - 8], 2)
+    torch.library.opcheck(split.default, three, test_utils=utils)
     out, c2 = split_cat(*gemm, BF16, QD, QS1, QS2, y)
     pieces = split(*gemm, BF16, QD, [QS1, QS2])
     assert torch.equal(out[..., :QS1], pieces[0]) and torch.equal(c2, pieces[1])
     assert torch.equal(out[..., QS1:], y)
+    # The view piece: c2's layout (the split's view), the same bytes; the others contiguous.
+    viewed = split(*gemm, BF16, QD, [QS1, QS2], 1)
+    assert viewed[0].is_contiguous() and viewed[1].stride() == c2.stride()
+    assert torch.equal(viewed[0], pieces[0]) and torch.equal(viewed[1], pieces[1])
 
 
 @pytest.mark.parametrize(

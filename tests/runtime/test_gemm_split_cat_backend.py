@@ -138,3 +138,44 @@ def test_split_unfused_choice_runs_the_reference(monkeypatch):
     want = torch.split(torch.nn.functional.linear(x, w).view(9, 3, 40), [24, 16], dim=-1)
     for piece, ref in zip(pieces, want):
         assert piece.is_contiguous() and torch.equal(piece, ref)
+    # With a view piece it is the graph's own chain: that piece is the GEMM output's view, not
+    # a copy (its storage is the whole (M, N) result).
+    first, second = torch.ops.fxfuse.gemm_split(x, w, 3, [24, 16], 1)
+    assert first.is_contiguous() and torch.equal(first, want[0])
+    assert second.stride() == want[1].stride() and torch.equal(second, want[1])
+    assert second.untyped_storage().nbytes() == 9 * 120 * x.element_size()
+
+
+@pytest.mark.parametrize("view_piece", [0, 1, 2])
+def test_forced_vendor_gemm_split_view_piece(monkeypatch, view_piece):
+    """The vendor path writes the view piece into the split view's strides (its bmm takes any
+    row stride), the others contiguous; fake and real outputs agree."""
+    monkeypatch.setenv(dispatch.GEMM_BACKEND_ENV, "vendor")
+    x, w, _ = make_case(9, 48, 3, 24, 16, 1)
+    w = torch.cat([w, w[:24]])
+    pieces = torch.ops.fxfuse.gemm_split(x, w, 3, [24, 16, 8], view_piece)
+    c = (x.double() @ w.double().T).view(9, 3, 48)
+    refs = torch.split(c, [24, 16, 8], dim=-1)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fakes = torch.ops.fxfuse.gemm_split(
+            mode.from_tensor(x), mode.from_tensor(w), 3, [24, 16, 8], view_piece
+        )
+    for i, (piece, ref, fake) in enumerate(zip(pieces, refs, fakes)):
+        assert piece.stride() == fake.stride() and piece.shape == ref.shape
+        assert piece.is_contiguous() == (i != view_piece)
+        assert rel_err(piece, ref) <= RTOL
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("choice", ["auto", "triton", "vendor"])
+@pytest.mark.parametrize("m", [32, 4096])
+def test_gpu_glm53_split_view_piece_every_backend(monkeypatch, choice, m):
+    """GLM-5.3-Flash's kv_b as the pattern calls it (the value its view piece): every backend,
+    the unfused chain at M 32 under auto included, gives the split view's strides and values."""
+    monkeypatch.setenv(dispatch.GEMM_BACKEND_ENV, choice)
+    x, w, _ = make_case(m, 512, 16, 256, 256, 1)
+    key, value = torch.ops.fxfuse.gemm_split(x, w, 16, [256, 256], 1)
+    c = (x.double() @ w.double().T).view(m, 16, 512)
+    assert key.is_contiguous() and value.stride() == (16 * 512, 512, 1)
+    assert rel_err(key, c[..., :256]) <= RTOL and rel_err(value, c[..., 256:]) <= RTOL
