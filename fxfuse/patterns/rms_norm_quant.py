@@ -1,14 +1,19 @@
 """Pattern `rmsnorm_quant`: canonical [residual add →] RMSNorm → quant (FP8 per token, FP8 1×G
 group, MXFP4) → one `fxfuse.rms_norm_quant` / `add_rms_norm_quant` kernel.
 
-The norm's output must feed only the quant (duplicate quants were merged before this runs); the
-residual sum, when there is one, stays an output of the fused op.
+Duplicate quants of one norm were merged before this runs; the residual sum, when there is one,
+stays an output of the fused op. Where the normed y is also read by something other than the
+quant (an MoE layer's router reads the bf16 y, its experts or shared expert the quantized one),
+the kernel writes y too: `rms_norm_quant_with_norm` / `add_rms_norm_quant_with_norm`, whose y
+replaces the norm's for those readers. Not where the quant's only reader is one GEMM: that quant
+is `quant_gemm`'s, whose GEMM quantizes its own tile at small M (a near-miss, reported).
 """
 
 from __future__ import annotations
 
 import torch
 
+from fxfuse.patterns.gemm import GEMMS
 from fxfuse.patterns.matcher import Alt, Lit, Match, Op
 from fxfuse.patterns.quant import VIEWS, canonical_fp8, canonical_mxfp4
 from fxfuse.patterns.rms_norm import canonical_norm
@@ -34,15 +39,41 @@ def _quant_of_norm(quant: Op) -> Op:
 PATTERN = Alt(_quant_of_norm(canonical_fp8), _quant_of_norm(canonical_mxfp4))
 
 
+def _y_read_elsewhere(m: Match) -> bool:
+    """Whether the normed y has readers outside the match (other than the quant's chain)."""
+    inside = set(m.nodes)
+    return any(user not in inside for user in m["normed_out"].users)
+
+
 def _outputs(m: Match):
     norm = m["norm"]
-    return [m.root, norm] if norm.target is fxfuse.add_rms_norm.default else [m.root]
+    outputs = [m.root, norm] if norm.target is fxfuse.add_rms_norm.default else [m.root]
+    # y read elsewhere: an output (plain norm: the norm node itself, so it is listed once).
+    if _y_read_elsewhere(m) and m["normed_out"] is not norm:
+        outputs.append(m["normed_out"])
+    elif _y_read_elsewhere(m):
+        outputs.append(norm)
+    return outputs
+
+
+def _quant_feeds_one_gemm(m: Match) -> bool:
+    """The quantized bytes' only reader is one canonical GEMM, maybe through a view (the chain
+    quant_gemm takes)."""
+    readers = [u for g in m.root.users if g.args[1] == 0 for u in g.users]
+    if len(readers) == 1 and readers[0].target in VIEWS:
+        readers = list(readers[0].users)
+    return len(readers) == 1 and readers[0].target in GEMMS
 
 
 def guard(m: Match, ctx) -> str | None:
     x = val(m["x"])
     if x.dim() < 1:
         return "norm input is a scalar"
+    if _y_read_elsewhere(m) and _quant_feeds_one_gemm(m):
+        return (
+            f"the normed {m['normed_out'].name} has other readers and the quant feeds one GEMM: "
+            "left to quant_gemm (its GEMM quantizes the tile itself at small M)"
+        )
     if m.get("rows_view") is not None:
         rows = val(m["rows_view"])
         if rows.dim() < 1 or rows.shape[-1] != x.shape[-1]:
@@ -66,20 +97,25 @@ def replace(m: Match, ctx, insert: Inserter):
     else:
         quant_args = ("mxfp4", 0, torch.float8_e4m3fn, 0.0, False, False, False, m["rounding"])
     x, residual = m["x"], m.get("residual")
+    keep_y, y = _y_read_elsewhere(m), None
     if residual is not None:
-        fused = insert.call(
-            fxfuse.add_rms_norm_quant.default, (x, residual, m["w"], *norm_args, *quant_args)
-        )
-        q, scale, h = insert.outputs(fused, 3)
+        op = fxfuse.add_rms_norm_quant_with_norm if keep_y else fxfuse.add_rms_norm_quant
+        fused = insert.call(op.default, (x, residual, m["w"], *norm_args, *quant_args))
+        q, scale, h, *rest = insert.outputs(fused, 4 if keep_y else 3)
     else:
-        fused = insert.call(fxfuse.rms_norm_quant.default, (x, m["w"], *norm_args, *quant_args))
-        (q, scale), h = insert.outputs(fused, 2), None
+        op = fxfuse.rms_norm_quant_with_norm if keep_y else fxfuse.rms_norm_quant
+        fused = insert.call(op.default, (x, m["w"], *norm_args, *quant_args))
+        (q, scale, *rest), h = insert.outputs(fused, 3 if keep_y else 2), None
+    if keep_y:
+        (y,) = rest
     if m.get("rows_view") is not None:
         # The fused op keeps x's leading dims; view q and scale the way the graph viewed y.
         lead = list(m["rows_shape"])[:-1]
         q = insert.call(aten.reshape.default, (q, [*lead, val(q).shape[-1]]))
         scale = insert.call(aten.reshape.default, (scale, [*lead, val(scale).shape[-1]]))
-    return [[q, scale]] if h is None else [[q, scale], [None, h]]
+    if h is None:
+        return [[q, scale]] if y is None else [[q, scale], y]
+    return [[q, scale], [None, h]] if y is None else [[q, scale], [None, h], y]
 
 
 RULES = [Rule(name=NAME, pattern=PATTERN, outputs=_outputs, guard=guard, replace=replace)]

@@ -228,18 +228,23 @@ def _mxfp4_fake(x, rounding="even"):
 # --- fused RMSNorm → quant ----------------------------------------------------------------------
 
 
-def _fused(x, residual, weight, eps, norm_args, quant_args):
+def _fused(x, residual, weight, eps, norm_args, quant_args, write_norm=False):
+    """(q, scale, h), and y (the normed value) last when write_norm."""
     _check_norm_args(x, weight, residual)
     rows = _rows(x)
     res_rows = None if residual is None else _rows(residual)
     if use_triton(x, weight):
         kernel_norm_args = {k: v for k, v in norm_args.items() if k != "reciprocal_sqrt"}
-        q, scale, h, _ = _kernels().rms_norm_quant(rows, weight, eps, res_rows, **kernel_norm_args,
-                                                   **quant_args)
+        q, scale, h, y = _kernels().rms_norm_quant(
+            rows, weight, eps, res_rows, **kernel_norm_args, **quant_args, write_norm=write_norm
+        )
     else:
-        q, scale, h = ref.rms_norm_quant_ref(rows, weight, eps, res_rows, **norm_args, **quant_args)
+        q, scale, h, y = ref.rms_norm_quant_with_norm_ref(
+            rows, weight, eps, res_rows, **norm_args, **quant_args
+        )
     scale = scale if quant_args["scale_col_major"] and x.dim() == 2 else scale.contiguous()
-    return _unrows(q, x), _unrows(scale, x), _unrows(h, x)
+    fused = _unrows(q, x), _unrows(scale, x), _unrows(h, x)
+    return (*fused, _unrows(y, x)) if write_norm else fused
 
 
 def _fused_fake(x, residual, weight, norm_args, quant_args):
@@ -328,3 +333,75 @@ def add_rms_norm_quant(
 @add_rms_norm_quant.register_fake
 def _(x, residual, weight, eps, *args):
     return _fused_fake(x, residual, weight, *_norm_quant_args(*args))
+
+
+# --- the same, with the normed y as an output too ------------------------------------------------
+# For a norm whose y is also read by something other than the quant (an MoE layer's router reads
+# the bf16 y, its experts the quantized one): the kernel stores y beside q and scale, so the
+# quant's second read of y goes away.
+
+
+@fused_op("fxfuse::rms_norm_quant_with_norm", mutates_args=())
+def rms_norm_quant_with_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    weight_offset: float,
+    round_before_weight: bool,
+    norm_dtype: torch.dtype | None,
+    reciprocal_sqrt: bool,
+    quant: str,
+    group_size: int,
+    fp8_dtype: torch.dtype,
+    quant_eps: float,
+    eps_on_scale: bool,
+    apply_reciprocal: bool,
+    scale_col_major: bool,
+    rounding: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rms_norm_quant that also returns the normed y (norm_dtype): (q, scale, y)."""
+    norm, quant_args = _norm_quant_args(weight_offset, round_before_weight, norm_dtype,
+                                        reciprocal_sqrt, quant, group_size, fp8_dtype, quant_eps,
+                                        eps_on_scale, apply_reciprocal, scale_col_major, rounding)
+    q, scale, _, y = _fused(x, None, weight, eps, norm, quant_args, write_norm=True)
+    return q, scale, y
+
+
+@rms_norm_quant_with_norm.register_fake
+def _(x, weight, eps, *args):
+    norm, quant_args = _norm_quant_args(*args)
+    q, scale, _ = _fused_fake(x, None, weight, norm, quant_args)
+    return q, scale, x.new_empty(x.shape, dtype=norm["norm_dtype"] or x.dtype)
+
+
+@fused_op("fxfuse::add_rms_norm_quant_with_norm", mutates_args=())
+def add_rms_norm_quant_with_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    weight_offset: float,
+    round_before_weight: bool,
+    norm_dtype: torch.dtype | None,
+    reciprocal_sqrt: bool,
+    quant: str,
+    group_size: int,
+    fp8_dtype: torch.dtype,
+    quant_eps: float,
+    eps_on_scale: bool,
+    apply_reciprocal: bool,
+    scale_col_major: bool,
+    rounding: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """add_rms_norm_quant that also returns the normed y: (q, scale, x + residual, y)."""
+    norm, quant_args = _norm_quant_args(weight_offset, round_before_weight, norm_dtype,
+                                        reciprocal_sqrt, quant, group_size, fp8_dtype, quant_eps,
+                                        eps_on_scale, apply_reciprocal, scale_col_major, rounding)
+    return _fused(x, residual, weight, eps, norm, quant_args, write_norm=True)
+
+
+@add_rms_norm_quant_with_norm.register_fake
+def _(x, residual, weight, eps, *args):
+    norm, quant_args = _norm_quant_args(*args)
+    q, scale, h = _fused_fake(x, residual, weight, norm, quant_args)
+    return q, scale, h, x.new_empty(x.shape, dtype=norm["norm_dtype"] or x.dtype)

@@ -157,14 +157,14 @@ def test_compile_fuses_what_fuses_and_no_more(reference_path):
 
 
 def test_compile_reports_near_misses_of_spellings_left_alone(reference_path):
-    """A norm → quant whose normed value has another user: nothing fuses, the graph Inductor
-    compiles has no fxfuse op, and the report still says why."""
+    """A norm → quant whose rows view (what the quant reads) has another user: nothing fuses,
+    the graph Inductor compiles has no fxfuse op, and the report still says why."""
 
     def body(x, w):
-        y = llama(x, w)
+        y = llama(x, w).reshape(-1, x.shape[-1])
         return (*per_token_div(y), y * 2)
 
-    model, inputs = NearMiss(body), _inputs()[:1]
+    model, inputs = NearMiss(body), (_inputs()[0].view(2, 4, -1),)
     want, _ = _compiled(model, inputs, "inductor")
     got, code = _compiled(model, inputs, "fxfuse")
     report = fxfuse.last_report()

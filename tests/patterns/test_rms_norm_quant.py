@@ -255,12 +255,122 @@ def test_weight_not_per_column_does_not_fire(reference_path):
     )
 
 
-def test_extra_user_of_normed_output_does_not_fire(reference_path):
+def test_extra_user_of_the_reshaped_normed_output_does_not_fire(reference_path):
+    # The rows view the quant reads is read elsewhere too: an interior value escapes.
     def body(x, w):
-        y = llama(x, w)
+        y = llama(x, w).reshape(-1, N)
         return (*per_token_div(y), y * 2)
 
-    _assert_not_fused(NearMiss(body), _inputs()[:1], "other users")
+    _assert_not_fused(NearMiss(body), (_inputs()[0].view(2, 4, N),), "other users")
+
+
+def test_normed_output_read_elsewhere_and_one_gemm_is_left_to_quant_gemm(reference_path):
+    """y read elsewhere and the quant's only reader one GEMM: quant_gemm takes the quant (its
+    GEMM quantizes the tile itself at small M); rmsnorm_quant reports why it did not."""
+    w_fp8 = torch.randn(64, N).to(FP8)
+    w_scale = torch.rand(64, dtype=torch.float32) + 0.5
+
+    def body(x, w):
+        y = llama(x, w)
+        q, s = per_token_div(y)
+        return fxfuse.ops.gemm_fp8(q, s, w_fp8, w_scale, torch.bfloat16), y * 2
+
+    model, inputs = NearMiss(body), _inputs()[:1]
+    fused = _fuse(model, inputs)
+    report = fused.fxfuse_report
+    assert report.counts["rmsnorm_quant"] == 0 and report.counts["quant_gemm"] == 1, str(report)
+    reasons = " | ".join(r for p, _, r in report.rejected if p == "rmsnorm_quant")
+    assert "left to quant_gemm" in reasons, reasons
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
+# --- the normed value read elsewhere too (an MoE router beside its quantized experts) -----------
+
+
+class RouterAndExperts(nn.Module):
+    """The MoE input: the router reads y (in fp32), the experts its quant (returned here, as
+    several GEMMs would read it)."""
+
+    def __init__(self, quant, residual: bool):
+        super().__init__()
+        self.quant, self.residual = quant, residual
+        self.weight = nn.Parameter((1 + 0.1 * torch.randn(N)).to(torch.bfloat16))
+        self.router = nn.Parameter(torch.randn(8, N).to(torch.bfloat16))
+
+    def forward(self, x, r):
+        h = x + r if self.residual else x
+        y = llama(h, self.weight)
+        logits = F.linear(y.float(), self.router.float())
+        q, scale = self.quant(y)
+        return (q, scale, logits, h) if self.residual else (q, scale, logits)
+
+
+WITH_NORM_QUANTS = [per_token_div, group_128, mxfp4("even")]
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("quant", WITH_NORM_QUANTS, ids=lambda q: q.__name__)
+def test_normed_output_read_elsewhere_fuses_with_the_norm_kept(quant, residual, reference_path):
+    model, inputs = RouterAndExperts(quant, residual), _inputs()
+    fused = _fuse(model, inputs)
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1, str(fused.fxfuse_report)
+    targets = fused_targets(fused)
+    op = "add_rms_norm_quant_with_norm" if residual else "rms_norm_quant_with_norm"
+    assert f"fxfuse.{op}.default" in targets, targets
+    # No norm is left: the router reads the fused op's y.
+    assert not any(t.startswith(("fxfuse.rms_norm.", "fxfuse.add_rms_norm.")) for t in targets)
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
+@pytest.mark.parametrize("quant", WITH_NORM_QUANTS, ids=lambda q: q.__name__)
+def test_normed_output_read_elsewhere_in_interpreter_matches(quant):
+    """The kernel writing y beside q and scale (TRITON_INTERPRET=1) against the unfused
+    spelling."""
+    model, inputs = RouterAndExperts(quant, residual=True), _inputs(m=4)
+    fused = _fuse(model, inputs)
+    assert "fxfuse.add_rms_norm_quant_with_norm.default" in fused_targets(fused)
+    got, want = fused(*inputs), model(*inputs)
+    assert outputs_bytes_equal(got[:2] + got[3:], want[:2] + want[3:])
+    # The router's fp32 GEMM over y: y itself is the same bytes (the kernel's 1 / sqrt against the
+    # spelled rsqrt may differ by an ulp, SPEC §5), so the logits agree to fp32 rounding.
+    torch.testing.assert_close(got[2], want[2], rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_normed_output_read_elsewhere_fuses_under_torch_compile(residual, reference_path):
+    """Inductor's post-grad graph: the same rewrite, the same bytes (the router's fp32 GEMM too:
+    on the reference path y is the spelled norm's bytes)."""
+    model, inputs = RouterAndExperts(per_token_div, residual), _inputs()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, backend="fxfuse")(*inputs)
+    report = fxfuse.last_report()
+    op = "add_rms_norm_quant_with_norm" if residual else "rms_norm_quant_with_norm"
+    assert [r.replacement for r in report.rewrites] == [f"fxfuse.{op}.default"], str(report)
+    assert outputs_bytes_equal(got, model(*inputs))
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_with_norm_ops_pass_opcheck(residual):
+    x, r = _inputs(m=4)
+    w = torch.ones(N, dtype=torch.bfloat16)
+    norm = (1e-6, 0.0, True, None, False)
+    quant = ("fp8", 0, FP8, 1e-10, False, False, False, "even")
+    ops = torch.ops.fxfuse
+    if residual:
+        op, args = ops.add_rms_norm_quant_with_norm, (x, r, w, *norm, *quant)
+        plain = ops.add_rms_norm_quant(*args)
+    else:
+        op, args = ops.rms_norm_quant_with_norm, (x, w, *norm, *quant)
+        plain = ops.rms_norm_quant(*args)
+    # test_schema compares outputs with a multiply torch's CPU backend lacks for float8.
+    utils = ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(op.default, args, test_utils=utils)
+    got = op(*args)
+    h = x + r if residual else x
+    want_y = ops.rms_norm(h, w, *norm)
+    assert outputs_bytes_equal(tuple(got[: len(plain)]), tuple(plain))
+    assert outputs_bytes_equal((got[-1],), (want_y,))
 
 
 def test_wrong_fp8_max_literal_does_not_fire(reference_path):
