@@ -39,21 +39,19 @@ def _quant_of_norm(quant: Op) -> Op:
 PATTERN = Alt(_quant_of_norm(canonical_fp8), _quant_of_norm(canonical_mxfp4))
 
 
-def _y_read_elsewhere(m: Match) -> bool:
-    """Whether the normed y has readers outside the match (other than the quant's chain)."""
+def _read_elsewhere(m: Match) -> list:
+    """The normed values with readers outside the match: y itself (the norm node, or the add
+    norm's getitem) and / or the rows view the quant reads (an MoE layer's router and its
+    experts' gather read the flattened rows too), in that order."""
     inside = set(m.nodes)
-    return any(user not in inside for user in m["normed_out"].users)
+    nodes = [m["normed_out"], m.get("rows_view")]
+    return [n for n in nodes if n is not None and any(u not in inside for u in n.users)]
 
 
 def _outputs(m: Match):
     norm = m["norm"]
     outputs = [m.root, norm] if norm.target is fxfuse.add_rms_norm.default else [m.root]
-    # y read elsewhere: an output (plain norm: the norm node itself, so it is listed once).
-    if _y_read_elsewhere(m) and m["normed_out"] is not norm:
-        outputs.append(m["normed_out"])
-    elif _y_read_elsewhere(m):
-        outputs.append(norm)
-    return outputs
+    return outputs + _read_elsewhere(m)
 
 
 def _quant_feeds_one_gemm(m: Match) -> bool:
@@ -69,9 +67,10 @@ def guard(m: Match, ctx) -> str | None:
     x = val(m["x"])
     if x.dim() < 1:
         return "norm input is a scalar"
-    if _y_read_elsewhere(m) and _quant_feeds_one_gemm(m):
+    elsewhere = _read_elsewhere(m)
+    if elsewhere and _quant_feeds_one_gemm(m):
         return (
-            f"the normed {m['normed_out'].name} has other readers and the quant feeds one GEMM: "
+            f"the normed {elsewhere[0].name} has other readers and the quant feeds one GEMM: "
             "left to quant_gemm (its GEMM quantizes the tile itself at small M)"
         )
     if m.get("rows_view") is not None:
@@ -97,7 +96,8 @@ def replace(m: Match, ctx, insert: Inserter):
     else:
         quant_args = ("mxfp4", 0, torch.float8_e4m3fn, 0.0, False, False, False, m["rounding"])
     x, residual = m["x"], m.get("residual")
-    keep_y, y = _y_read_elsewhere(m), None
+    elsewhere = _read_elsewhere(m)
+    keep_y, y = bool(elsewhere), None
     if residual is not None:
         op = fxfuse.add_rms_norm_quant_with_norm if keep_y else fxfuse.add_rms_norm_quant
         fused = insert.call(op.default, (x, residual, m["w"], *norm_args, *quant_args))
@@ -113,9 +113,14 @@ def replace(m: Match, ctx, insert: Inserter):
         lead = list(m["rows_shape"])[:-1]
         q = insert.call(aten.reshape.default, (q, [*lead, val(q).shape[-1]]))
         scale = insert.call(aten.reshape.default, (scale, [*lead, val(scale).shape[-1]]))
-    if h is None:
-        return [[q, scale]] if y is None else [[q, scale], y]
-    return [[q, scale], [None, h]] if y is None else [[q, scale], [None, h], y]
+    values = [[q, scale]] if h is None else [[q, scale], [None, h]]
+    for node in elsewhere:  # y for its other readers, viewed as the graph viewed it
+        values.append(y if node is m["normed_out"] else _viewed_as(insert, y, m))
+    return values
+
+
+def _viewed_as(insert: Inserter, y, m: Match):
+    return insert.call(aten.reshape.default, (y, list(m["rows_shape"])))
 
 
 RULES = [Rule(name=NAME, pattern=PATTERN, outputs=_outputs, guard=guard, replace=replace)]

@@ -49,3 +49,35 @@ def test_decoder_norms_fuse_and_logits_match(name, quant, reference_path):
     assert report.counts["rmsnorm_quant"] == 2 * LAYERS, str(report)
     assert report.counts["quant_gemm"] == 2 * LAYERS, str(report)
     assert_logits_close(got, want)
+
+
+# MoE layers: the router reads the post-attention norm's y in bf16 (or fp32), the shared expert
+# (gate and up, two GEMMs) its quant, so the norm and quant fuse with y kept
+# (`add_rms_norm_quant_with_norm`). name: (model type, MoE layers of the two, extra config)
+MOE = {
+    # GLM-4.5: first_k_dense_replace 1, so one MoE layer of two
+    "glm4_moe": ("glm4_moe", 1, {"head_dim": 16, "n_routed_experts": 4, "n_shared_experts": 1}),
+    # ERNIE 4.5: the router and the experts' gather read the flattened rows the quant reads
+    "ernie4_5_moe": ("ernie4_5_moe", 1, {"head_dim": 16, "moe_num_experts": 4}),
+}
+
+
+@pytest.mark.parametrize("name", list(MOE))
+def test_moe_post_attention_norm_fuses_with_y_kept(name, reference_path):
+    model_type, moe_layers, extra = MOE[name]
+    cfg = transformers.AutoConfig.for_model(model_type)
+    sizes = dict(vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                 num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                 max_position_embeddings=64, num_experts_per_tok=2, pad_token_id=0, **extra)  # fmt: skip
+    for key, value in sizes.items():
+        setattr(cfg, key, value)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 128, (2, 7))
+    fused, got, want = fuse_and_run(Logits(quantize_linears(model, "fp8_rowwise")), (ids,))
+    report = fused.fxfuse_report
+    targets = [str(n.target) for n in fused.graph.nodes if n.op == "call_function"]
+    assert targets.count("fxfuse.add_rms_norm_quant_with_norm.default") == moe_layers, str(report)
+    assert report.counts["rmsnorm_quant"] == 2 * LAYERS, str(report)
+    assert torch.equal(got, want)  # the reference path: the unfused bytes

@@ -255,13 +255,31 @@ def test_weight_not_per_column_does_not_fire(reference_path):
     )
 
 
-def test_extra_user_of_the_reshaped_normed_output_does_not_fire(reference_path):
-    # The rows view the quant reads is read elsewhere too: an interior value escapes.
+def test_rows_view_read_elsewhere_fuses_with_the_norm_kept(reference_path):
+    """The flattened rows the quant reads are read elsewhere too (ERNIE 4.5 / HunYuan MoE: the
+    router and the experts' gather read them): those readers take the fused y, viewed so."""
+
     def body(x, w):
         y = llama(x, w).reshape(-1, N)
-        return (*per_token_div(y), y * 2)
+        return (*per_token_div(y), y * 2, y[[0, 3]])
 
-    _assert_not_fused(NearMiss(body), (_inputs()[0].view(2, 4, N),), "other users")
+    model, inputs = NearMiss(body), (_inputs()[0].view(2, 4, N),)
+    fused = _fuse(model, inputs)
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1, str(fused.fxfuse_report)
+    assert "fxfuse.rms_norm_quant_with_norm.default" in fused_targets(fused)
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
+def test_both_y_and_its_rows_view_read_elsewhere(reference_path):
+    def body(x, w):
+        y = llama(x, w)
+        rows = y.reshape(-1, N)
+        return (*per_token_div(rows), y.sum(-1), rows * 2)
+
+    model, inputs = NearMiss(body), (_inputs()[0].view(2, 4, N),)
+    fused = _fuse(model, inputs)
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1, str(fused.fxfuse_report)
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
 
 
 def test_normed_output_read_elsewhere_and_one_gemm_is_left_to_quant_gemm(reference_path):
