@@ -66,9 +66,11 @@ MOE = {
 def test_moe_post_attention_norm_fuses_with_y_kept(name, reference_path):
     model_type, moe_layers, extra = MOE[name]
     cfg = transformers.AutoConfig.for_model(model_type)
-    sizes = dict(vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                 num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                 max_position_embeddings=64, num_experts_per_tok=2, pad_token_id=0, **extra)  # fmt: skip
+    sizes = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=64, num_experts_per_tok=2, pad_token_id=0, **extra,
+    )  # fmt: skip
     for key, value in sizes.items():
         setattr(cfg, key, value)
     cfg._attn_implementation = "eager"
