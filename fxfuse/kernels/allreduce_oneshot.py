@@ -332,6 +332,7 @@ def allreduce_rms_norm_quant(
     apply_reciprocal: bool = False,
     scale_col_major: bool = False,
     rounding: str = "even",
+    write_norm: bool = False,
     config: dict | None = None,
     target: str | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
@@ -339,7 +340,7 @@ def allreduce_rms_norm_quant(
     every rank of the group must make with the same shapes and arguments.
 
     Returns (q, scale, h, y): h the reduced (+ residual) value; quant None → (None, None, h, y)
-    with y the normed output in norm_dtype; otherwise y is None.
+    with y the normed output in norm_dtype; otherwise y is that output when write_norm, else None.
     """
     norm_quant._check_inputs(x, weight, residual, norm_dtype)
     _check_peers(peers, x.device)
@@ -365,6 +366,8 @@ def allreduce_rms_norm_quant(
         quant_kind, group, chunk, q, scale = norm_quant._quant_outputs(
             x, quant, group_size, fp8_dtype, scale_col_major, rounding
         )
+        if write_norm:
+            y = torch.empty((m, n), dtype=norm_dtype, device=device)
     h = torch.empty((m, n), dtype=x.dtype, device=device)
     if m == 0:
         return q, scale, h, y

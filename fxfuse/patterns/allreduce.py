@@ -8,7 +8,9 @@ All-reduce spellings, as torch.export and torch.compile trace them:
 - functional: `wait_tensor(_c10d_functional.all_reduce(x, "sum", group_name))`
   (`funcol.all_reduce`, `fxfuse.ops.all_reduce`);
 - in place:   the same, then `copy_(x, reduced)` (`torch.distributed.all_reduce(x)`).
-The reduced value must feed only the norm; the residual sum stays an output. These rules run before
+The reduced value must feed only the norm; the residual sum stays an output; a normed value also
+read elsewhere (an MoE router) is kept by `allreduce_rms_norm_quant_with_norm`, as in
+`rmsnorm_quant`. These rules run before
 `rmsnorm_quant` so they take the whole chain, the GEMM included when q and scale feed only it (the
 guards of `rmsnorm_quant_gemm`); otherwise the chain ends at the quant and the GEMM stays.
 """
@@ -123,8 +125,10 @@ def _quant_args_of(m: Match) -> tuple:
 
 def _replace_quant(m: Match, ctx, insert: Inserter):
     residual = m.get("residual")
+    elsewhere = rms_norm_quant.read_elsewhere(m)  # y kept for its other readers
+    op = fxfuse.allreduce_rms_norm_quant_with_norm if elsewhere else fxfuse.allreduce_rms_norm_quant
     fused = insert.call(
-        fxfuse.allreduce_rms_norm_quant.default,
+        op.default,
         (m["local"], residual, m["norm_w"], m["group_name"], *_norm_args_of(m), *_quant_args_of(m)),
     )
     q, scale, *h = insert.outputs(fused, 2 if residual is None else 3)  # no unused h
@@ -133,7 +137,11 @@ def _replace_quant(m: Match, ctx, insert: Inserter):
         lead = list(m["rows_shape"])[:-1]
         q = insert.call(aten.reshape.default, (q, [*lead, val(q).shape[-1]]))
         scale = insert.call(aten.reshape.default, (scale, [*lead, val(scale).shape[-1]]))
-    return [[q, scale]] if residual is None else [[q, scale], [None, h[0]]]
+    values = [[q, scale]] if residual is None else [[q, scale], [None, h[0]]]
+    if elsewhere:
+        y = insert.call(operator.getitem, (fused, 3))
+        values += rms_norm_quant.kept_norm_values(insert, y, elsewhere, m)
+    return values
 
 
 def _replace_norm(m: Match, ctx, insert: Inserter):
@@ -163,6 +171,11 @@ def _quant_outputs(m: Match) -> list[fx.Node]:
     return [m.root] if m.get("residual") is None else [m.root, m["norm"]]
 
 
+def _quant_outputs_and_norm(m: Match) -> list[fx.Node]:
+    """The quant chain's outputs, and the normed values read elsewhere (kept by the op)."""
+    return _quant_outputs(m) + rms_norm_quant.read_elsewhere(m)
+
+
 def _side_effects(m: Match) -> list[fx.Node]:
     """wait_tensor and the in-place copy_ are impure; the fused op does their work."""
     return [n for n in (m["waited"], m.get("inplace_copy")) if n is not None]
@@ -174,7 +187,7 @@ RULES = [
     Rule(name=NAME, pattern=GEMM_PATTERN, outputs=_quant_outputs, guard=_gemm_guard,
          replace=_replace_gemm, mutations=_side_effects),
     # all-reduce → [residual add →] norm → quant -> allreduce_rms_norm_quant
-    Rule(name=NAME, pattern=QUANT_PATTERN, outputs=_quant_outputs, guard=_quant_guard,
+    Rule(name=NAME, pattern=QUANT_PATTERN, outputs=_quant_outputs_and_norm, guard=_quant_guard,
          replace=_replace_quant, mutations=_side_effects),
     # all-reduce → [residual add →] norm -> allreduce_rms_norm
     Rule(name=NAME, pattern=NORM_PATTERN, outputs=lambda m: [m.root], guard=_collective_guard,

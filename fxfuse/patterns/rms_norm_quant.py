@@ -39,7 +39,7 @@ def _quant_of_norm(quant: Op) -> Op:
 PATTERN = Alt(_quant_of_norm(canonical_fp8), _quant_of_norm(canonical_mxfp4))
 
 
-def _read_elsewhere(m: Match) -> list:
+def read_elsewhere(m: Match) -> list:
     """The normed values with readers outside the match: y itself (the norm node, or the add
     norm's getitem) and / or the rows view the quant reads (an MoE layer's router and its
     experts' gather read the flattened rows too), in that order."""
@@ -51,7 +51,7 @@ def _read_elsewhere(m: Match) -> list:
 def _outputs(m: Match):
     norm = m["norm"]
     outputs = [m.root, norm] if norm.target is fxfuse.add_rms_norm.default else [m.root]
-    return outputs + _read_elsewhere(m)
+    return outputs + read_elsewhere(m)
 
 
 def _quant_feeds_one_gemm(m: Match) -> bool:
@@ -67,7 +67,7 @@ def guard(m: Match, ctx) -> str | None:
     x = val(m["x"])
     if x.dim() < 1:
         return "norm input is a scalar"
-    elsewhere = _read_elsewhere(m)
+    elsewhere = read_elsewhere(m)
     if elsewhere and _quant_feeds_one_gemm(m):
         return (
             f"the normed {elsewhere[0].name} has other readers and the quant feeds one GEMM: "
@@ -96,7 +96,7 @@ def replace(m: Match, ctx, insert: Inserter):
     else:
         quant_args = ("mxfp4", 0, torch.float8_e4m3fn, 0.0, False, False, False, m["rounding"])
     x, residual = m["x"], m.get("residual")
-    elsewhere = _read_elsewhere(m)
+    elsewhere = read_elsewhere(m)
     keep_y, y = bool(elsewhere), None
     if residual is not None:
         op = fxfuse.add_rms_norm_quant_with_norm if keep_y else fxfuse.add_rms_norm_quant
@@ -114,13 +114,17 @@ def replace(m: Match, ctx, insert: Inserter):
         q = insert.call(aten.reshape.default, (q, [*lead, val(q).shape[-1]]))
         scale = insert.call(aten.reshape.default, (scale, [*lead, val(scale).shape[-1]]))
     values = [[q, scale]] if h is None else [[q, scale], [None, h]]
-    for node in elsewhere:  # y for its other readers, viewed as the graph viewed it
-        values.append(y if node is m["normed_out"] else _viewed_as(insert, y, m))
-    return values
+    return values + kept_norm_values(insert, y, elsewhere, m)
 
 
-def _viewed_as(insert: Inserter, y, m: Match):
-    return insert.call(aten.reshape.default, (y, list(m["rows_shape"])))
+def kept_norm_values(insert: Inserter, y, elsewhere: list, m: Match) -> list:
+    """The replacements of the normed values read elsewhere (`read_elsewhere`): the fused op's
+    y, or y viewed as the graph viewed it (the rows view)."""
+    rows = list(m["rows_shape"]) if m.get("rows_view") is not None else None
+    return [
+        y if node is m["normed_out"] else insert.call(aten.reshape.default, (y, rows))
+        for node in elsewhere
+    ]
 
 
 RULES = [Rule(name=NAME, pattern=PATTERN, outputs=_outputs, guard=guard, replace=replace)]

@@ -105,25 +105,32 @@ QUANT_ARG_NAMES = (
 )  # fmt: skip
 
 
-def run(x, residual, weight, group_name, eps, norm_args, quant_args=None):
-    """The fused ops' body: (y, h) when quant_args is None, else (q, scale, h). norm_args and
-    quant_args are the ops' arguments after eps, in order. `allreduce_rms_norm_quant_gemm` calls
-    it with or without quant_args (by token count); the path depends on x alone either way."""
+def run(x, residual, weight, group_name, eps, norm_args, quant_args=None, write_norm=False):
+    """The fused ops' body: (y, h) when quant_args is None, else (q, scale, h), and y after them
+    when write_norm. norm_args and quant_args are the ops' arguments after eps, in order.
+    `allreduce_rms_norm_quant_gemm` calls it with or without quant_args (by token count); the
+    path depends on x alone either way."""
     path = _path(x, group_name)
     if path == "one_shot":
-        return _one_shot(x, residual, weight, group_name, eps, norm_args, quant_args)
+        return _one_shot(x, residual, weight, group_name, eps, norm_args, quant_args, write_norm)
     reduced = collective_ops.all_reduce_sum(x, group_name) if path == "collective" else x
+    args = (weight, eps, *norm_args, *(quant_args or ()))
     if residual is not None:
         if quant_args is None:
-            return fxfuse.add_rms_norm(reduced, residual, weight, eps, *norm_args)
-        return fxfuse.add_rms_norm_quant(reduced, residual, weight, eps, *norm_args, *quant_args)
+            return fxfuse.add_rms_norm(reduced, residual, *args)
+        if write_norm:
+            return fxfuse.add_rms_norm_quant_with_norm(reduced, residual, *args)
+        return fxfuse.add_rms_norm_quant(reduced, residual, *args)
     h = reduced.clone() if reduced is x else reduced  # outputs never alias inputs
     if quant_args is None:
-        return fxfuse.rms_norm(reduced, weight, eps, *norm_args), h
-    return (*fxfuse.rms_norm_quant(reduced, weight, eps, *norm_args, *quant_args), h)
+        return fxfuse.rms_norm(reduced, *args), h
+    if write_norm:
+        q, scale, y = fxfuse.rms_norm_quant_with_norm(reduced, *args)
+        return q, scale, h, y
+    return (*fxfuse.rms_norm_quant(reduced, *args), h)
 
 
-def _one_shot(x, residual, weight, group_name, eps, norm_args, quant_args):
+def _one_shot(x, residual, weight, group_name, eps, norm_args, quant_args, write_norm=False):
     from fxfuse.kernels import allreduce_oneshot
 
     target = detect_target(x.device)
@@ -137,6 +144,7 @@ def _one_shot(x, residual, weight, group_name, eps, norm_args, quant_args):
     q, scale, h, y = allreduce_oneshot.allreduce_rms_norm_quant(
         x.reshape(-1, n), weight, eps, residual_rows, peers=peers, weight_offset=weight_offset,
         round_before_weight=round_before_weight, norm_dtype=norm_dtype, **quant, target=target,
+        write_norm=write_norm and quant_args is not None,
     )  # fmt: skip
     h = h.reshape(x.shape)
     if quant_args is None:
@@ -144,7 +152,8 @@ def _one_shot(x, residual, weight, group_name, eps, norm_args, quant_args):
     if not (quant["scale_col_major"] and x.dim() == 2):
         scale = scale.contiguous()
     lead = x.shape[:-1]
-    return q.reshape(*lead, q.shape[-1]), scale.reshape(*lead, scale.shape[-1]), h
+    fused = q.reshape(*lead, q.shape[-1]), scale.reshape(*lead, scale.shape[-1]), h
+    return (*fused, y.reshape(x.shape)) if write_norm else fused
 
 
 # --- all-reduce → [residual add →] RMSNorm ------------------------------------------------------
@@ -210,6 +219,42 @@ def _(x, residual, weight, group_name, eps, *args):
         return fxfuse.add_rms_norm_quant(x, residual, weight, eps, *args)
     q, scale = fxfuse.rms_norm_quant(x, weight, eps, *args)
     return q, scale, torch.empty_like(x)
+
+
+@fused_op("fxfuse::allreduce_rms_norm_quant_with_norm", mutates_args=())
+def allreduce_rms_norm_quant_with_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    group_name: str | None,
+    eps: float,
+    weight_offset: float,
+    round_before_weight: bool,
+    norm_dtype: torch.dtype | None,
+    reciprocal_sqrt: bool,
+    quant: str,
+    group_size: int,
+    fp8_dtype: torch.dtype,
+    quant_eps: float,
+    eps_on_scale: bool,
+    apply_reciprocal: bool,
+    scale_col_major: bool,
+    rounding: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """allreduce_rms_norm_quant that also returns the normed y (for the norm's other readers,
+    an MoE router say): (q, scale, h, y)."""
+    norm_args = (weight_offset, round_before_weight, norm_dtype, reciprocal_sqrt)
+    quant_args = (quant, group_size, fp8_dtype, quant_eps, eps_on_scale, apply_reciprocal,
+                  scale_col_major, rounding)  # fmt: skip
+    return run(x, residual, weight, group_name, eps, norm_args, quant_args, write_norm=True)
+
+
+@allreduce_rms_norm_quant_with_norm.register_fake
+def _(x, residual, weight, group_name, eps, *args):
+    if residual is not None:
+        return fxfuse.add_rms_norm_quant_with_norm(x, residual, weight, eps, *args)
+    q, scale, y = fxfuse.rms_norm_quant_with_norm(x, weight, eps, *args)
+    return q, scale, torch.empty_like(x), y
 
 
 # --- all-reduce → [residual add →] RMSNorm → quant → GEMM ---------------------------------------

@@ -44,6 +44,7 @@ from tests.patterns.test_rms_norm_quant import (
 N = 256
 NAME = "allreduce_rmsnorm"
 FUSED_QUANT = "fxfuse.allreduce_rms_norm_quant.default"
+FUSED_QUANT_WITH_NORM = "fxfuse.allreduce_rms_norm_quant_with_norm.default"
 FUSED_NORM = "fxfuse.allreduce_rms_norm.default"
 FUSED_GEMM = "fxfuse.allreduce_rms_norm_quant_gemm.default"
 GEMMS = ("fxfuse.gemm_fp8.default", "fxfuse.gemm_mxfp4.default")
@@ -77,10 +78,14 @@ def reduce_max(x):
 class ARChain(nn.Module):
     """all-reduce → [residual add] → RMSNorm → [quant]; outputs (q, scale | y)[, h][, reduced]."""
 
-    def __init__(self, reduce, norm, quant, residual, residual_first=False, reduced_out=False):
+    def __init__(
+        self, reduce, norm, quant, residual, residual_first=False, reduced_out=False,
+        norm_out=False,
+    ):  # fmt: skip
         super().__init__()
         self.reduce, self.norm, self.quant = reduce, norm, quant
         self.residual, self.residual_first, self.reduced_out = residual, residual_first, reduced_out
+        self.norm_out = norm_out  # y read elsewhere too (an MoE router: y · 2 here)
         self.weight = nn.Parameter((1 + 0.1 * torch.randn(N)).to(torch.bfloat16))
 
     def forward(self, x, r):
@@ -89,6 +94,7 @@ class ARChain(nn.Module):
         y = self.norm(h, self.weight)
         out = tuple(self.quant(y)) if self.quant else (y,)
         out = (*out, h) if self.residual else out
+        out = (*out, y * 2) if self.norm_out else out
         return (*out, a) if self.reduced_out else out
 
 
@@ -181,6 +187,18 @@ def case_interpreted_kernels(rank, world):
 def case_reduced_used_elsewhere(rank, world):
     return _fuse_and_compare(
         lambda: ARChain(functional, llama, per_token_div, True, reduced_out=True), rank
+    )
+
+
+def case_norm_read_elsewhere_residual_fp8(rank, world):
+    return _fuse_and_compare(
+        lambda: ARChain(functional, llama, per_token_div, True, norm_out=True), rank
+    )
+
+
+def case_norm_read_elsewhere_plain_mxfp4(rank, world):
+    return _fuse_and_compare(
+        lambda: ARChain(functional, llama, mxfp4("floor"), False, norm_out=True), rank
     )
 
 
@@ -353,6 +371,7 @@ SESSION = {
         "reduced_used_elsewhere", "reduce_max", "in_place_on_graph_input",
         "in_place_buffer_aliased", "torch_compile", "opcheck", "gemm_fp8_per_token_residual",
         "gemm_fp8_group128_in_place", "gemm_mxfp4_plain", "gemm_q_used_elsewhere",
+        "norm_read_elsewhere_residual_fp8", "norm_read_elsewhere_plain_mxfp4",
         "gemm_col_major_scales"],
 }  # fmt: skip
 WORLD = max(SESSION)
@@ -472,6 +491,15 @@ def test_reduced_value_used_elsewhere_does_not_fire(ranks):
     per_rank = _case(ranks, 2, "reduced_used_elsewhere")
     _assert_not_fired(per_rank, "has other users")
     assert all(out["rmsnorm_quant"] == 1 for out in per_rank)  # the norm-quant still fuses
+
+
+@pytest.mark.parametrize(
+    "name", ["norm_read_elsewhere_residual_fp8", "norm_read_elsewhere_plain_mxfp4"]
+)
+def test_two_ranks_norm_read_elsewhere_fuses_with_the_norm_kept(ranks, name):
+    """y is also read outside the chain (an MoE router beside the quantized experts): the whole
+    chain fuses, the op keeping y for that reader, and every rank gives the unfused bytes."""
+    _assert_fired(_case(ranks, 2, name), FUSED_QUANT_WITH_NORM)
 
 
 def test_reduce_op_other_than_sum_does_not_fire(ranks):
@@ -608,6 +636,28 @@ def test_ops_pass_opcheck_without_a_group(reference_path):
     )
 
 
+@pytest.mark.parametrize("residual", [True, False], ids=["residual", "plain"])
+def test_with_norm_op_without_a_group_is_the_local_chain(residual, reference_path):
+    """allreduce_rms_norm_quant_with_norm without a group: (q, scale, h, y) of the local
+    norm-quant with y kept; it passes opcheck."""
+    x, r = _inputs(0, 4)
+    r = r if residual else None
+    w = torch.randn(N, dtype=torch.bfloat16)
+    norm, quant_args = _norm_quant_args("fp8")
+    ops = torch.ops.fxfuse
+    args = (x, r, w, None, 1e-6, *norm, *quant_args)
+    # test_schema compares FP8 outputs with a multiply torch's CPU backend lacks for float8.
+    utils = ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(ops.allreduce_rms_norm_quant_with_norm.default, args, test_utils=utils)
+    got = ops.allreduce_rms_norm_quant_with_norm(*args)
+    if residual:
+        want = ops.add_rms_norm_quant_with_norm(x, r, w, 1e-6, *norm, *quant_args)
+    else:
+        q, scale, y = ops.rms_norm_quant_with_norm(x, w, 1e-6, *norm, *quant_args)
+        want = (q, scale, x, y)
+    assert outputs_bytes_equal(got, want)
+
+
 def test_all_reduce_without_a_group_leaves_a_plain_norm_quant(reference_path):
     """fxfuse.ops.all_reduce without torch.distributed is a copy: nothing to fuse it with."""
     model = ARChain(fxfuse_op, llama, per_token_div, True)
@@ -669,7 +719,7 @@ def hang_guard():
     signal.signal(signal.SIGALRM, previous)
 
 
-def _simulate(world, m, quant, residual=True, config=None, **quant_args):
+def _simulate(world, m, quant, residual=True, config=None, write_norm=False, **quant_args):
     """Runs the one-shot kernel for every rank in turn over CPU-tensor 'symmetric' buffers and
     signal pads. Before rank r runs, the flags its later peers would have raised are raised (and
     rank r's buffer is poisoned, so only its own publish phase can fill it). Returns each rank's
@@ -705,7 +755,8 @@ def _simulate(world, m, quant, residual=True, config=None, **quant_args):
         peers = oneshot.Peers(buffer_ptrs, pad_ptrs, rank, buffer_bytes, pad_bytes)
         outs.append(
             oneshot.allreduce_rms_norm_quant(
-                xs[rank], w, 1e-6, res, peers=peers, quant=quant, config=config, **quant_args
+                xs[rank], w, 1e-6, res, peers=peers, quant=quant, config=config,
+                write_norm=write_norm, **quant_args,
             )
         )
     want = oneshot.allreduce_rms_norm_quant_ref(
@@ -744,6 +795,17 @@ def test_one_shot_kernel_without_residual_simulated(hang_guard):
     for out in outs:
         assert out[3] is None and want[3] is None
         assert outputs_bytes_equal(out[:3], want[:3])
+
+
+@pytest.mark.parametrize("quant, quant_args", [("fp8", {}), ("mxfp4", {"rounding": "even"})])
+def test_one_shot_kernel_writes_the_norm_with_the_quant_simulated(quant, quant_args, hang_guard):
+    """write_norm: the one launch also stores y (for the norm's other readers), the norm-only
+    reference's bytes; q, scale and h are as without it."""
+    outs, want, *_ = _simulate(2, 5, quant, write_norm=True, **quant_args)
+    y_want = _simulate(2, 5, None)[1][3]  # the same inputs (seeded by world and m), norm only
+    for out in outs:
+        assert outputs_bytes_equal(out[:3], want[:3])
+        assert bytes_equal(out[3], y_want)
 
 
 def test_one_shot_launcher_rejects_bad_peers():
