@@ -99,28 +99,11 @@ def rms_norm_quant_ref(
     weight: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
-    *,
-    weight_offset: float = 0.0,
-    round_before_weight: bool = True,
-    norm_dtype: torch.dtype | None = None,
-    reciprocal_sqrt: bool = False,
-    quant: str = "fp8",
-    group_size: int = 0,
-    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
-    quant_eps: float = 1e-10,
-    eps_on_scale: bool = False,
-    apply_reciprocal: bool = False,
-    scale_col_major: bool = False,
-    rounding: str = "even",
+    **norm_quant_args,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The whole chain: (q, scale, h) with h the residual sum (x itself without a residual)."""
-    return rms_norm_quant_with_norm_ref(
-        x, weight, eps, residual, weight_offset=weight_offset,
-        round_before_weight=round_before_weight, norm_dtype=norm_dtype,
-        reciprocal_sqrt=reciprocal_sqrt, quant=quant, group_size=group_size, fp8_dtype=fp8_dtype,
-        quant_eps=quant_eps, eps_on_scale=eps_on_scale, apply_reciprocal=apply_reciprocal,
-        scale_col_major=scale_col_major, rounding=rounding,
-    )[:3]  # fmt: skip
+    """The whole chain: (q, scale, h) with h the residual sum (x itself without a residual);
+    keyword arguments as `rms_norm_quant_with_norm_ref`'s."""
+    return rms_norm_quant_with_norm_ref(x, weight, eps, residual, **norm_quant_args)[:3]
 
 
 def rms_norm_quant_with_norm_ref(
