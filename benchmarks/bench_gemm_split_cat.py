@@ -382,12 +382,12 @@ def main() -> None:
     parser.add_argument("--sweep-case", default="kv_b", choices=sorted(CASES))
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes in the interpreter")
     parser.add_argument("--graph-all", action="store_true", help="every row in a CUDA graph")
-    parser.add_argument("--m", default=None, help="kv_b M values, comma-separated")
+    parser.add_argument("--m", default=None, help="M values of every case, comma-separated")
     parser.add_argument(
         "--cases", default=",".join(CASES), help="shapes, comma-separated (default: all)"
     )
     args = parser.parse_args()
-    kv_b_ms = tuple(int(v) for v in args.m.split(",")) if args.m else KV_B_MS
+    chosen_ms = tuple(int(v) for v in args.m.split(",")) if args.m else None
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     if args.cpu_smoke:
@@ -406,9 +406,10 @@ def main() -> None:
         check_gemm_split(device)
         rows = []
         print_header()
-        ms = {"kv_b": kv_b_ms, "other": OTHER_MS, "minicpm3": MINICPM3_MS,
+        ms = {"kv_b": KV_B_MS, "other": OTHER_MS, "minicpm3": MINICPM3_MS,
               "longcat_tp8": HEADS_MS, "kimi_linear": HEADS_MS}
-        cases = [(name, m, CASES[name]) for name in args.cases.split(",") for m in ms[name]]
+        cases = [(name, m, CASES[name]) for name in args.cases.split(",")
+                 for m in chosen_ms or ms[name]]  # fmt: skip
         for name, m, shape in cases:
             rows.append(bench_case(name, m, shape, compiled_chain, device, args.graph_all))
             print_rows(rows[-1:])
