@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from fxfuse.patterns.gemm import GEMMS
+from fxfuse.patterns.gemm import GEMMS, PREQUANT_FP8_GROUPS
 from fxfuse.patterns.matcher import Alt, Lit, Match, Op
 from fxfuse.patterns.quant import VIEWS, canonical_fp8, canonical_mxfp4
 from fxfuse.patterns.rms_norm import canonical_norm
@@ -55,8 +55,13 @@ def _outputs(m: Match):
 
 
 def _quant_feeds_one_gemm(m: Match) -> bool:
-    """The quantized bytes' only reader is one canonical GEMM, maybe through a view (the chain
-    quant_gemm takes)."""
+    """The quantized bytes' only reader is one canonical GEMM, maybe through a view, and the
+    quant is one that GEMM's prequant path takes (FP8 per token / 1×128 with row-major scales,
+    or MXFP4): the chain quant_gemm takes."""
+    if m.root.target is fxfuse.quant_fp8.default and (
+        m["group_size"] not in PREQUANT_FP8_GROUPS or m["scale_col_major"]
+    ):
+        return False
     readers = [u for g in m.root.users if g.args[1] == 0 for u in g.users]
     if len(readers) == 1 and readers[0].target in VIEWS:
         readers = list(readers[0].users)

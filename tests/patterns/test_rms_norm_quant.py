@@ -302,6 +302,25 @@ def test_normed_output_read_elsewhere_and_one_gemm_is_left_to_quant_gemm(referen
     assert outputs_bytes_equal(fused(*inputs), model(*inputs))
 
 
+def test_normed_output_read_elsewhere_and_a_gemm_quant_gemm_refuses_fuses_here(reference_path):
+    """The same with column-major 1×128 scales, which quant_gemm's prequant path refuses: the
+    norm and quant fuse here (y kept), the GEMM reads their q and scale."""
+    w_fp8 = torch.randn(64, N).to(FP8)
+    w_scale = torch.rand(64 // 128 + 1, N // 128, dtype=torch.float32) + 0.5
+
+    def body(x, w):
+        y = llama(x, w)
+        q, s = torch.ops.fxfuse.quant_fp8(y, 128, FP8, 1e-10, False, False, True)
+        return fxfuse.ops.gemm_fp8(q, s, w_fp8, w_scale, torch.bfloat16), y * 2
+
+    model, inputs = NearMiss(body), _inputs()[:1]
+    fused = _fuse(model, inputs)
+    report = fused.fxfuse_report
+    assert report.counts["rmsnorm_quant"] == 1 and report.counts["quant_gemm"] == 0, str(report)
+    assert "fxfuse.rms_norm_quant_with_norm.default" in fused_targets(fused)
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
 # --- the normed value read elsewhere too (an MoE router beside its quantized experts) -----------
 
 
