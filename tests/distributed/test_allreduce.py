@@ -304,17 +304,21 @@ class ARChainGemm(nn.Module):
     the unfused bytes are the fused op's on both sides of the dispatch); outputs (out[, h][, q]).
     batched: x is (1, M, N), its normed rows viewed to (M, N) for the quant."""
 
-    def __init__(self, reduce, quant, residual, kind="fp8_rowwise", q_out=False, batched=False):
+    def __init__(
+        self, reduce, quant, residual, kind="fp8_rowwise", q_out=False, batched=False,
+        norm_out=False,
+    ):  # fmt: skip
         super().__init__()
         self.reduce, self.quant, self.residual, self.kind = reduce, quant, residual, kind
-        self.q_out, self.batched = q_out, batched
+        self.q_out, self.batched, self.norm_out = q_out, batched, norm_out
         self.weight = nn.Parameter((1 + 0.1 * torch.randn(N)).to(torch.bfloat16))
         self.proj = QuantLinear(torch.randn(GEMM_N, N) / N**0.5, kind)  # its quantized weights
 
     def forward(self, x, r):
         a = self.reduce(x.unsqueeze(0) if self.batched else x)
         h = a + r if self.residual else a
-        q, scale = self.quant(llama(h, self.weight).reshape(-1, N))
+        y = llama(h, self.weight)
+        q, scale = self.quant(y.reshape(-1, N))
         w, w_scale = self.proj.weight, self.proj.weight_scale
         if self.kind == "mxfp4":
             out = fxfuse.ops.gemm_mxfp4(q, scale, w, w_scale)
@@ -322,6 +326,7 @@ class ARChainGemm(nn.Module):
             w_scale = w_scale.reshape(-1, 1) if self.kind == "fp8_rowwise" else w_scale
             out = fxfuse.ops.gemm_fp8(q, scale, w, w_scale)
         outs = (out, h) if self.residual else (out,)
+        outs = (*outs, y * 2) if self.norm_out else outs  # y read elsewhere (an MoE router)
         return (*outs, q) if self.q_out else outs
 
 
@@ -355,6 +360,12 @@ def case_gemm_q_used_elsewhere(rank, world):
     return _fuse_and_compare(lambda: ARChainGemm(functional, per_token_div, True, q_out=True), rank)
 
 
+def case_gemm_norm_read_elsewhere(rank, world):
+    return _fuse_and_compare(
+        lambda: ARChainGemm(functional, per_token_div, True, norm_out=True), rank, run_ms=M_VALUES
+    )
+
+
 def case_gemm_col_major_scales(rank, world):
     return _fuse_and_compare(
         lambda: ARChainGemm(functional, col_major_group_128, True, "fp8_block"), rank
@@ -371,6 +382,7 @@ SESSION = {
         "reduced_used_elsewhere", "reduce_max", "in_place_on_graph_input",
         "in_place_buffer_aliased", "torch_compile", "opcheck", "gemm_fp8_per_token_residual",
         "gemm_fp8_group128_in_place", "gemm_mxfp4_plain", "gemm_q_used_elsewhere",
+        "gemm_norm_read_elsewhere",
         "norm_read_elsewhere_residual_fp8", "norm_read_elsewhere_plain_mxfp4",
         "gemm_col_major_scales"],
 }  # fmt: skip
@@ -570,6 +582,18 @@ def test_chain_into_the_gemm_near_miss_ends_at_the_quant(ranks, name, reason):
         assert "fxfuse.gemm_fp8.default" in out["targets"], f"rank {rank}: {out['targets']}"
         assert reason in out["reasons"], out["reasons"]
     _assert_fired(per_rank, FUSED_QUANT)
+
+
+def test_chain_into_one_gemm_with_the_norm_read_elsewhere(ranks):
+    """y also read elsewhere and the quant's only reader one GEMM: the all-reduce fuses with the
+    norm (`allreduce_rms_norm`), the quant and GEMM become `quant_gemm` (its M dispatch), and the
+    bytes are the unfused model's at every M."""
+    per_rank = _case(ranks, 2, "gemm_norm_read_elsewhere")
+    for rank, out in enumerate(per_rank):
+        assert "fxfuse.quant_gemm.default" in out["targets"], f"rank {rank}: {out['targets']}"
+        assert "left to quant_gemm" in out["reasons"], out["reasons"]
+        assert out["unequal_rows"] == [], f"rank {rank}: bytes differ at these M"
+    _assert_fired(per_rank, FUSED_NORM)
 
 
 # --- in process: no group -----------------------------------------------------------------------
