@@ -642,12 +642,14 @@ def gemm_fp8(
     return out
 
 
-def _gemm_fp8_into(q, x_scale, w, w_scale, out_dtype, d, widths, y, config, target, view=-1):
+def _gemm_fp8_into(
+    q, x_scale, w, w_scale, out_dtype, d, widths, y, config, target, view_piece=-1
+):
     """gemm_fp8 into `destinations(..)`: the split-cat's (out, c2) with y, else the pieces (piece
-    `view` laid out as the split's view)."""
+    `view_piece` laid out as the split's view)."""
     kind = check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype)
     _check_runnable(q, "q")
-    outputs, dest = destinations(q, w.shape[0], d, widths, y, out_dtype, view)
+    outputs, dest = destinations(q, w.shape[0], d, widths, y, out_dtype, view_piece)
     if q.shape[0]:
         _launch(
             q, x_scale, w, w_scale, dest[0][0], a_kind=A_FP8, blockwise=kind == SCALE_BLOCK,

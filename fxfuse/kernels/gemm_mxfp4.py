@@ -695,13 +695,13 @@ def _checked_args(q, x_scale, w, w_scale, out_dtype, preshuffled, n) -> tuple[in
     return m, k, n
 
 
-def _gemm_into(q, x_scale, w, w_scale, out_dtype, d, widths, y, layout: dict, view=-1):
+def _gemm_into(q, x_scale, w, w_scale, out_dtype, d, widths, y, layout: dict, view_piece=-1):
     """gemm_mxfp4 into `destinations(..)`: the split-cat's (out, c2) with y, else the pieces
-    (piece `view` laid out as the split's view)."""
+    (piece `view_piece` laid out as the split's view)."""
     m, k, n = _checked_args(
         q, x_scale, w, w_scale, out_dtype, layout["preshuffled"], layout["n"]
     )
-    outputs, dest = destinations(q, n, d, widths, y, out_dtype, view)
+    outputs, dest = destinations(q, n, d, widths, y, out_dtype, view_piece)
     if m:
         _launch(
             q, x_scale, w, w_scale, dest[0][0], n, k, a_bf16=False,

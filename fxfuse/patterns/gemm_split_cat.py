@@ -566,6 +566,12 @@ def _dense_piece_copied(output: fx.Node, layout: Layout) -> bool:
     return output.target is aten.clone.default and memory_format is torch.preserve_format
 
 
+def _copy_saved(output: fx.Node | None, layout: Layout) -> bool:
+    """The graph copies this piece (`.contiguous()` / `clone()`) into exactly what the fused op
+    writes: the fused split saves that copy."""
+    return _calls(output, COPIES) and _dense_piece_copied(output, layout)
+
+
 # --- rules --------------------------------------------------------------------------------------
 
 
@@ -627,7 +633,7 @@ def _view_piece(m: Match, layout: Layout) -> int:
         for i, (size, output) in enumerate(zip(m["sizes"], m["piece_outputs"]))
         if output is not None
         and i != m["piece_index"]
-        and not (_calls(output, COPIES) and _dense_piece_copied(output, layout))
+        and not _copy_saved(output, layout)
     ]
     return -max(kept)[1] if kept else -1
 
@@ -809,7 +815,7 @@ def split_guard(m: Match, ctx) -> str | None:
     if reason:
         return reason
     layout = _layout(m)
-    if not any(_calls(o, COPIES) and _dense_piece_copied(o, layout) for o in m["piece_outputs"]):
+    if not any(_copy_saved(o, layout) for o in m["piece_outputs"]):
         return "no copy to save: every split piece is read in place as a view of the GEMM output"
     return _split_k_guard(m) or _simulated(m, ctx, _replace_split)
 

@@ -183,14 +183,14 @@ def gemm_split(
     `view_piece` (the split's view, `gemm_split_cat_ref.piece_buffers`)."""
     _check_split(x, w, d, sizes, view_piece)
     sizes = list(sizes)
-    if _on_kernel(x, w):
-        backend = _backend(x, w, d, sizes, table=SPLIT_BACKEND_TABLE)
-        if backend == BACKEND_UNFUSED:
-            return list(ref.gemm_split_ref(x, w, d, sizes, view_piece))
-        if backend == BACKEND_VENDOR:
-            return _vendor_split(x, w, d, sizes, view_piece)
-        return list(_kernels().gemm_split(x, w, d, sizes, view_piece))
-    return list(ref.gemm_split_ref(x, w, d, sizes, view_piece))
+    # Off the kernel path (fp32, CPU without the interpreter) the reference: the unfused chain.
+    on_kernel = _on_kernel(x, w)
+    backend = _backend(x, w, d, sizes, table=SPLIT_BACKEND_TABLE) if on_kernel else BACKEND_UNFUSED
+    if backend == BACKEND_UNFUSED:
+        return list(ref.gemm_split_ref(x, w, d, sizes, view_piece))
+    if backend == BACKEND_VENDOR:
+        return _vendor_split(x, w, d, sizes, view_piece)
+    return list(_kernels().gemm_split(x, w, d, sizes, view_piece))
 
 
 @gemm_split.register_fake
@@ -227,23 +227,25 @@ def _quantized_n(kind: str, q, x_scale, w, w_scale, out_dtype) -> tuple[int, str
     return n, kind
 
 
-def _check_quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y, view=-1):
-    """(N, scale kind) of a quantized split-cat (y given) or split (y None, piece `view` returned
-    as the split's view), every argument checked (the ops and their fakes alike)."""
+def _check_quantized(
+    kind: str, gemm: tuple, out_dtype, d: int, widths: list, y, view_piece=-1
+):
+    """(N, scale kind) of a quantized split-cat (y given) or split (y None, piece `view_piece`
+    returned as the split's view), every argument checked (the ops and their fakes alike)."""
     q = gemm[0]
     n, scales = _quantized_n(kind, *gemm, out_dtype)
     if y is None:
-        ref.check_sizes(n, d, widths, view)
+        ref.check_sizes(n, d, widths, view_piece)
     else:
         ref.check_cat_args(q.shape[0], n, out_dtype, q.device, d, *widths, y, "q")
     return n, scales
 
 
-def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y, view=-1):
-    """(out, c2) of the split-cat (y given) or the pieces of the split (y None; piece `view` laid
-    out as the split's view)."""
+def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y, view_piece=-1):
+    """(out, c2) of the split-cat (y given) or the pieces of the split (y None; piece `view_piece`
+    laid out as the split's view)."""
     q, w = gemm[0], gemm[2]
-    _, scales = _check_quantized(kind, gemm, out_dtype, d, widths, y, view)
+    _, scales = _check_quantized(kind, gemm, out_dtype, d, widths, y, view_piece)
     kernels, layout = None, {}
     if kind == "mxfp4" and use_triton(q, w):
         kernels, layout = (
@@ -255,7 +257,7 @@ def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y, view=
     if kernels is not None:
         if y is None:
             split = getattr(kernels, f"gemm_{kind}_split")
-            return list(split(*gemm, d, widths, out_dtype, view, **layout))
+            return list(split(*gemm, d, widths, out_dtype, view_piece, **layout))
         return getattr(kernels, f"gemm_{kind}_split_cat")(*gemm, d, *widths, y, **layout)
     if scales == gemm_ref.SCALE_ROWWISE and y is not None and _fp8_head_tiles_take(q):
         got = _kernels().fp8_head_tiles(*gemm, d, *widths, y)
@@ -265,7 +267,7 @@ def _quantized(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y, view=
     # split's view_piece) stays a view of it, as in the unfused graph.
     c = (gemm_ops._gemm_fp8 if kind == "fp8" else gemm_ops._gemm_mxfp4)(*gemm, out_dtype)
     if y is None:
-        return list(ref.split_of(c, d, widths, view))
+        return list(ref.split_of(c, d, widths, view_piece))
     if use_triton(c, y):  # the cat in one kernel (torch.cat of these views is several times slower)
         out = _kernels().cat_pieces(c, d, *widths, y)
     else:
@@ -283,11 +285,11 @@ def _fp8_head_tiles_take(q: torch.Tensor) -> bool:
     return min_m is not None and q.shape[0] >= min_m
 
 
-def _quantized_fake(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y, view=-1):
+def _quantized_fake(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y, view_piece=-1):
     q = gemm[0]
-    n, _ = _check_quantized(kind, gemm, out_dtype, d, widths, y, view)
+    n, _ = _check_quantized(kind, gemm, out_dtype, d, widths, y, view_piece)
     if y is None:
-        return ref.piece_buffers(q.shape[0], d, widths, view, out_dtype, q.device)
+        return ref.piece_buffers(q.shape[0], d, widths, view_piece, out_dtype, q.device)
     c = y.new_empty((q.shape[0], n))
     return y.new_empty((q.shape[0], d, widths[0] + y.shape[2])), ref.split_cat_c2(c, d, *widths)
 
