@@ -15,7 +15,7 @@ import torch
 from fxfuse.kernels import formats
 from fxfuse.kernels import rms_norm_quant_ref as ref
 from fxfuse.runtime.dispatch import use_triton
-from fxfuse.runtime.registry import fused_op
+from fxfuse.runtime.registry import fused_op, variant_schema
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -341,29 +341,15 @@ def _(x, residual, weight, eps, *args):
 # quant's second read of y goes away.
 
 
-@fused_op("fxfuse::rms_norm_quant_with_norm", mutates_args=())
-def rms_norm_quant_with_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    weight_offset: float,
-    round_before_weight: bool,
-    norm_dtype: torch.dtype | None,
-    reciprocal_sqrt: bool,
-    quant: str,
-    group_size: int,
-    fp8_dtype: torch.dtype,
-    quant_eps: float,
-    eps_on_scale: bool,
-    apply_reciprocal: bool,
-    scale_col_major: bool,
-    rounding: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """rms_norm_quant that also returns the normed y (norm_dtype): (q, scale, y)."""
-    norm, quant_args = _norm_quant_args(weight_offset, round_before_weight, norm_dtype,
-                                        reciprocal_sqrt, quant, group_size, fp8_dtype, quant_eps,
-                                        eps_on_scale, apply_reciprocal, scale_col_major, rounding)
-    q, scale, _, y = _fused(x, None, weight, eps, norm, quant_args, write_norm=True)
+_WITH_NORM_3 = variant_schema(rms_norm_quant, "(Tensor, Tensor, Tensor)")
+_WITH_NORM_4 = variant_schema(add_rms_norm_quant, "(Tensor, Tensor, Tensor, Tensor)")
+
+
+@fused_op("fxfuse::rms_norm_quant_with_norm", schema=_WITH_NORM_3)
+def rms_norm_quant_with_norm(x, weight, eps, *args):
+    """rms_norm_quant (the same arguments) that also returns the normed y (norm_dtype):
+    (q, scale, y)."""
+    q, scale, _, y = _fused(x, None, weight, eps, *_norm_quant_args(*args), write_norm=True)
     return q, scale, y
 
 
@@ -374,30 +360,11 @@ def _(x, weight, eps, *args):
     return q, scale, x.new_empty(x.shape, dtype=norm["norm_dtype"] or x.dtype)
 
 
-@fused_op("fxfuse::add_rms_norm_quant_with_norm", mutates_args=())
-def add_rms_norm_quant_with_norm(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    weight_offset: float,
-    round_before_weight: bool,
-    norm_dtype: torch.dtype | None,
-    reciprocal_sqrt: bool,
-    quant: str,
-    group_size: int,
-    fp8_dtype: torch.dtype,
-    quant_eps: float,
-    eps_on_scale: bool,
-    apply_reciprocal: bool,
-    scale_col_major: bool,
-    rounding: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """add_rms_norm_quant that also returns the normed y: (q, scale, x + residual, y)."""
-    norm, quant_args = _norm_quant_args(weight_offset, round_before_weight, norm_dtype,
-                                        reciprocal_sqrt, quant, group_size, fp8_dtype, quant_eps,
-                                        eps_on_scale, apply_reciprocal, scale_col_major, rounding)
-    return _fused(x, residual, weight, eps, norm, quant_args, write_norm=True)
+@fused_op("fxfuse::add_rms_norm_quant_with_norm", schema=_WITH_NORM_4)
+def add_rms_norm_quant_with_norm(x, residual, weight, eps, *args):
+    """add_rms_norm_quant (the same arguments) that also returns the normed y:
+    (q, scale, x + residual, y)."""
+    return _fused(x, residual, weight, eps, *_norm_quant_args(*args), write_norm=True)
 
 
 @add_rms_norm_quant_with_norm.register_fake

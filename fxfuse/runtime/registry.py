@@ -10,6 +10,10 @@ autograd formula (as with a custom_op without one): outputs never require grad.
 
 The decorated object keeps custom_op's surface that fxfuse uses: calling it calls the op, and
 `register_fake` registers the fake kernel. `impl` is the undecorated Python implementation.
+
+A variant op (the same arguments, more outputs: the with-norm ops) takes its schema from the base
+op, `fused_op(name, schema=variant_schema(base, "(Tensor, Tensor, Tensor)"))`, and its kernel
+takes the arguments positionally, as the dispatcher passes them.
 """
 
 from __future__ import annotations
@@ -31,11 +35,14 @@ def _library(namespace: str) -> torch.library.Library:
 class FusedOp:
     """One registered op: `FusedOp(...)(*args)` calls `torch.ops.<ns>.<name>.default`."""
 
-    def __init__(self, qualname: str, impl: Callable, mutates_args: Iterable[str]):
+    def __init__(
+        self, qualname: str, impl: Callable, mutates_args: Iterable[str], schema: str | None = None
+    ):
         namespace, sep, name = qualname.partition("::")
         if not sep or not namespace or not name:
             raise ValueError(f"qualname: expected 'namespace::name', got {qualname!r}")
-        schema = torch.library.infer_schema(impl, mutates_args=tuple(mutates_args))
+        if schema is None:
+            schema = torch.library.infer_schema(impl, mutates_args=tuple(mutates_args))
         lib = _library(namespace)
         lib.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
         lib.impl(name, impl, "CompositeExplicitAutograd")
@@ -58,15 +65,27 @@ class FusedOp:
         return f"<fxfuse op {self.qualname}>"
 
 
-def fused_op(qualname: str, *, mutates_args: Iterable[str] = ()) -> Callable[[Callable], FusedOp]:
+def fused_op(
+    qualname: str, *, mutates_args: Iterable[str] = (), schema: str | None = None
+) -> Callable[[Callable], FusedOp]:
     """Decorator: define `qualname` from the function's annotations (as torch.library.custom_op
-    infers them) and register the function as its kernel for every backend."""
+    infers them), or from `schema` ("(args) -> returns", no name), and register the function as
+    its kernel for every backend."""
     if isinstance(mutates_args, str):
         raise ValueError(
             f"mutates_args: expected an iterable of argument names, got {mutates_args!r}"
         )
+    if schema is not None and tuple(mutates_args):
+        raise ValueError("mutates_args: a schema given as a string states its own mutations")
 
     def register(impl: Callable) -> FusedOp:
-        return FusedOp(qualname, impl, mutates_args)
+        return FusedOp(qualname, impl, mutates_args, schema)
 
     return register
+
+
+def variant_schema(base: FusedOp, returns: str) -> str:
+    """`base`'s argument list with other returns ("(Tensor, Tensor)"): the schema of an op that
+    takes the same arguments and returns more."""
+    text = str(base.default._schema)
+    return text[text.index("(") : text.rindex(" -> ")] + " -> " + returns
