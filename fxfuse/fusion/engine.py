@@ -120,8 +120,13 @@ def _rewrite(rule: Rule, match: Match, outputs: list[fx.Node], ctx: Context) -> 
     first_user = min((pos[u] for u in external_users), default=len(pos))
     last_leaf = max((pos[leaf] for leaf in leaves), default=-1)
     if last_leaf >= first_user:
-        ctx.report.reject(rule.report_name, match.root.name, "inputs are defined after a consumer")
-        return None
+        if not _hoist(graph, leaves, first_user, pos):
+            ctx.report.reject(
+                rule.report_name, match.root.name, "inputs are defined after a consumer"
+            )
+            return None
+        pos = _position(graph)
+        last_leaf = max(pos[leaf] for leaf in leaves)
     # Insert right after the last input so every new node precedes every consumer.
     anchor = next(n for n in graph.nodes if pos[n] == last_leaf + 1) if last_leaf + 1 < len(pos) else None
     if anchor is None:
@@ -156,6 +161,76 @@ def _rewrite(rule: Rule, match: Match, outputs: list[fx.Node], ctx: Context) -> 
             rule.name, match.root.name, created, replaced=replaced, created=created_names
         )
     return erased
+
+
+def _hoist(graph: fx.Graph, leaves: list[fx.Node], first_user: int, pos: dict) -> bool:
+    """Moves the inputs defined at or after position `first_user` (a weight scale's reshape that
+    the graph placed after an early reader of the match's outputs), with whatever they are computed
+    from there, to just before it. Only pure computations move, and only where nothing in the
+    span they cross may write memory they read (an MoE layer's in-place routing writes its own
+    buffers, not the weights; an in-place copy into a weight stops the move). Returns whether
+    every input now precedes first_user."""
+    late: dict[fx.Node, None] = {}
+    pending = [leaf for leaf in leaves if pos[leaf] >= first_user]
+    while pending:
+        node = pending.pop()
+        if node in late or pos[node] < first_user:
+            continue
+        if node.op not in ("call_function", "get_attr") or node.is_impure():
+            return False
+        late[node] = None
+        pending.extend(node.all_input_nodes)
+    if not late:
+        return True
+    read = {_base(n) for node in late for n in node.all_input_nodes if n not in late}
+    read |= {node for node in late if node.op == "get_attr"}
+    nodes = list(graph.nodes)
+    span = nodes[first_user : max(pos[n] for n in late) + 1]
+    for node in span:
+        written = set() if node in late else _written(node)
+        if written is None or written & read:
+            return False
+    anchor = nodes[first_user]
+    for node in sorted(late, key=pos.__getitem__):
+        anchor.prepend(node)
+    return True
+
+
+def _base(node: fx.Node) -> fx.Node:
+    """The node whose memory `node` views: back through ops whose result aliases their first
+    argument (view, reshape, slice, transpose, ...) and getitems of their tuples."""
+    while node.op == "call_function":
+        if node.target is operator.getitem:
+            node = node.args[0]
+            continue
+        schema = getattr(node.target, "_schema", None)
+        first = schema.arguments[0] if schema is not None and schema.arguments else None
+        if first is None or first.alias_info is None or first.alias_info.is_write:
+            break
+        if not isinstance(node.args[0], fx.Node):
+            break
+        node = node.args[0]
+    return node
+
+
+def _written(node: fx.Node) -> set[fx.Node] | None:
+    """The bases of the memory the node writes (empty when it writes none); None when that is
+    unknown: an impure Python call, or a module call other than torch.export's input guards."""
+    if node.op == "call_module":
+        return set() if node.target == "_guards_fn" else None
+    if node.op != "call_function" or not node.is_impure():
+        return set()
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return None
+    out = set()
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        out |= {_base(v) for v in values if isinstance(v, fx.Node)}
+    return out
 
 
 def _rewire(old: fx.Node, new, inside: set[fx.Node]) -> list[fx.Node]:

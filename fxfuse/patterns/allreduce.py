@@ -9,10 +9,10 @@ All-reduce spellings, as torch.export and torch.compile trace them:
   (`funcol.all_reduce`, `fxfuse.ops.all_reduce`);
 - in place:   the same, then `copy_(x, reduced)` (`torch.distributed.all_reduce(x)`).
 The reduced value must feed only the norm; the residual sum stays an output; a normed value also
-read elsewhere (an MoE router) is kept by `allreduce_rms_norm_quant_with_norm`, as in
-`rmsnorm_quant`. These rules run before
-`rmsnorm_quant` so they take the whole chain, the GEMM included when q and scale feed only it (the
-guards of `rmsnorm_quant_gemm`); otherwise the chain ends at the quant and the GEMM stays.
+read elsewhere (an MoE router) is kept by the `..._with_norm` ops, as in `rmsnorm_quant`. These
+rules run before `rmsnorm_quant` so they take the whole chain, the GEMM included when q and scale
+feed only it (the guards of `rmsnorm_quant_gemm`); otherwise the chain ends at the quant and the
+GEMM stays.
 """
 
 from __future__ import annotations
@@ -156,15 +156,20 @@ def _replace_norm(m: Match, ctx, insert: Inserter):
 
 def _replace_gemm(m: Match, ctx, insert: Inserter):
     residual = m.get("residual")
+    elsewhere = rms_norm_quant.read_elsewhere(m)  # y kept for its other readers
+    op = (fxfuse.allreduce_rms_norm_quant_gemm_with_norm if elsewhere
+          else fxfuse.allreduce_rms_norm_quant_gemm)  # fmt: skip
     fused = insert.call(
-        fxfuse.allreduce_rms_norm_quant_gemm.default,
+        op.default,
         (m["local"], residual, m["norm_w"], m["group_name"], *_norm_args_of(m), *_quant_args_of(m),
          *gemm._dispatch_args(m, ctx)),
     )  # fmt: skip
     out = insert.call(operator.getitem, (fused, 0))
-    if residual is None:
-        return [out]
-    return [out, [None, insert.call(operator.getitem, (fused, 1))]]
+    values = [out] if residual is None else [out, [None, insert.call(operator.getitem, (fused, 1))]]
+    if elsewhere:
+        y = insert.call(operator.getitem, (fused, 2))
+        values += rms_norm_quant.kept_norm_values(insert, y, elsewhere, m)
+    return values
 
 
 def _quant_outputs(m: Match) -> list[fx.Node]:
@@ -184,7 +189,7 @@ def _side_effects(m: Match) -> list[fx.Node]:
 RULES = [
     # all-reduce → [residual add →] norm → quant → GEMM -> allreduce_rms_norm_quant_gemm
     # (matched down to the all-reduce, not from the next rule's op: one chain, one rewrite)
-    Rule(name=NAME, pattern=GEMM_PATTERN, outputs=_quant_outputs, guard=_gemm_guard,
+    Rule(name=NAME, pattern=GEMM_PATTERN, outputs=_quant_outputs_and_norm, guard=_gemm_guard,
          replace=_replace_gemm, mutations=_side_effects),
     # all-reduce → [residual add →] norm → quant -> allreduce_rms_norm_quant
     Rule(name=NAME, pattern=QUANT_PATTERN, outputs=_quant_outputs_and_norm, guard=_quant_guard,

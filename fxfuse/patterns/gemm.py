@@ -5,8 +5,9 @@ with one op that picks its kernels by token count at run time (runtime/gemm_ops.
 Spellings:  out = torch._scaled_mm(q, w.t(), scale_a=s (M, 1), scale_b=ws (1, N), out_dtype=...)
             (rowwise; tensorwise with scalar scales), and fxfuse.ops.gemm_fp8 / gemm_mxfp4.
 Chains:     rmsnorm_quant_gemm: fused [residual +] RMSNorm → quant (the `rmsnorm_quant` rule's
-            op) whose q and scale feed only this GEMM; quant_gemm: a canonical quant whose
-            q and scale feed only this GEMM.
+            op) whose q and scale feed only this GEMM; its with-norm op (y also read elsewhere)
+            gives the op that keeps y; quant_gemm: a canonical quant whose q and scale feed only
+            this GEMM.
 """
 
 from __future__ import annotations
@@ -220,11 +221,13 @@ def _gemm_of(q_pat, scale_pat):
 
 
 _nq_lits = [Lit(a) for a in NORM_QUANT_ARGS]
+ADD_NORM_QUANTS = (fxfuse.add_rms_norm_quant.default, fxfuse.add_rms_norm_quant_with_norm.default)
+NORM_QUANTS = (fxfuse.rms_norm_quant.default, fxfuse.rms_norm_quant_with_norm.default)
+WITH_NORM = (fxfuse.add_rms_norm_quant_with_norm.default, fxfuse.rms_norm_quant_with_norm.default)
 _fused_norm_quant = Alt(
-    Op(fxfuse.add_rms_norm_quant.default, Any("x"), Any("residual"), Any("norm_w"), Lit("eps"),
-       *_nq_lits, name="fused"),
-    Op(fxfuse.rms_norm_quant.default, Any("x"), Any("norm_w"), Lit("eps"), *_nq_lits,
+    Op(ADD_NORM_QUANTS, Any("x"), Any("residual"), Any("norm_w"), Lit("eps"), *_nq_lits,
        name="fused"),
+    Op(NORM_QUANTS, Any("x"), Any("norm_w"), Lit("eps"), *_nq_lits, name="fused"),
 )
 NORM_CHAIN = _gemm_of(
     _viewed(Getitem(_fused_norm_quant, 0), "q_view"),
@@ -277,24 +280,30 @@ def _dispatch_args(m: Match, ctx):
 
 
 def _norm_chain_outputs(m: Match):
+    """The GEMM, and the fused op where its h or y (getitems 2 / 3) are read."""
     fused = m["fused"]
-    return [m.root, fused] if fused.target is fxfuse.add_rms_norm_quant.default else [m.root]
+    keeps = fused.target in ADD_NORM_QUANTS or fused.target in WITH_NORM
+    return [m.root, fused] if keeps else [m.root]
 
 
 def _norm_chain_replace(m: Match, ctx, insert: Inserter):
     nq = tuple(m[a] for a in NORM_QUANT_ARGS)
-    if m["fused"].target is fxfuse.add_rms_norm_quant.default:
+    fused = m["fused"]
+    keep_y = fused.target in WITH_NORM
+    if fused.target in ADD_NORM_QUANTS:
+        op = fxfuse.add_rms_norm_quant_gemm_with_norm if keep_y else fxfuse.add_rms_norm_quant_gemm
         node = insert.call(
-            fxfuse.add_rms_norm_quant_gemm.default,
+            op.default,
             (m["x"], m["residual"], m["norm_w"], m["eps"], *nq, *_dispatch_args(m, ctx)),
         )
-        out, h = insert.outputs(node, 2)
-        return [out, [None, None, h]]
-    node = insert.call(
-        fxfuse.rms_norm_quant_gemm.default,
-        (m["x"], m["norm_w"], m["eps"], *nq, *_dispatch_args(m, ctx)),
-    )
-    return [node]
+        out, *kept = insert.outputs(node, 3 if keep_y else 2)  # h[, y]
+        return [out, [None, None, *kept]]
+    op = fxfuse.rms_norm_quant_gemm_with_norm if keep_y else fxfuse.rms_norm_quant_gemm
+    node = insert.call(op.default, (m["x"], m["norm_w"], m["eps"], *nq, *_dispatch_args(m, ctx)))
+    if not keep_y:
+        return [node]
+    out, y = insert.outputs(node, 2)
+    return [out, [None, None, y]]
 
 
 def _quant_chain_replace(m: Match, ctx, insert: Inserter):

@@ -5,15 +5,14 @@ Duplicate quants of one norm were merged before this runs; the residual sum, whe
 stays an output of the fused op. Where the normed y is also read by something other than the
 quant (an MoE layer's router reads the bf16 y, its experts or shared expert the quantized one),
 the kernel writes y too: `rms_norm_quant_with_norm` / `add_rms_norm_quant_with_norm`, whose y
-replaces the norm's for those readers. Not where the quant's only reader is one GEMM: that quant
-is `quant_gemm`'s, whose GEMM quantizes its own tile at small M (a near-miss, reported).
+replaces the norm's for those readers. Where that quant feeds one GEMM, `rmsnorm_quant_gemm`
+then takes the with-norm op and the GEMM as one chain that keeps y.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fxfuse.patterns.gemm import GEMMS, PREQUANT_FP8_GROUPS
 from fxfuse.patterns.matcher import Alt, Lit, Match, Op
 from fxfuse.patterns.quant import VIEWS, canonical_fp8, canonical_mxfp4
 from fxfuse.patterns.rms_norm import canonical_norm
@@ -54,30 +53,10 @@ def _outputs(m: Match):
     return outputs + read_elsewhere(m)
 
 
-def _quant_feeds_one_gemm(m: Match) -> bool:
-    """The quantized bytes' only reader is one canonical GEMM, maybe through a view, and the
-    quant is one that GEMM's prequant path takes (FP8 per token / 1×128 with row-major scales,
-    or MXFP4): the chain quant_gemm takes."""
-    if m.root.target is fxfuse.quant_fp8.default and (
-        m["group_size"] not in PREQUANT_FP8_GROUPS or m["scale_col_major"]
-    ):
-        return False
-    readers = [u for g in m.root.users if g.args[1] == 0 for u in g.users]
-    if len(readers) == 1 and readers[0].target in VIEWS:
-        readers = list(readers[0].users)
-    return len(readers) == 1 and readers[0].target in GEMMS
-
-
 def guard(m: Match, ctx) -> str | None:
     x = val(m["x"])
     if x.dim() < 1:
         return "norm input is a scalar"
-    elsewhere = read_elsewhere(m)
-    if elsewhere and _quant_feeds_one_gemm(m):
-        return (
-            f"the normed {elsewhere[0].name} has other readers and the quant feeds one GEMM: "
-            "left to quant_gemm (its GEMM quantizes the tile itself at small M)"
-        )
     if m.get("rows_view") is not None:
         rows = val(m["rows_view"])
         if rows.dim() < 1 or rows.shape[-1] != x.shape[-1]:

@@ -30,7 +30,7 @@ from fxfuse.runtime import (
     norm_quant_ops,  # noqa: F401 - registers the fused norm(-quant) ops
 )
 from fxfuse.runtime.dispatch import use_triton
-from fxfuse.runtime.registry import fused_op
+from fxfuse.runtime.registry import fused_op, variant_schema
 from fxfuse.runtime.target import detect_target
 
 fxfuse = torch.ops.fxfuse
@@ -221,32 +221,12 @@ def _(x, residual, weight, group_name, eps, *args):
     return q, scale, torch.empty_like(x)
 
 
-@fused_op("fxfuse::allreduce_rms_norm_quant_with_norm", mutates_args=())
-def allreduce_rms_norm_quant_with_norm(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    weight: torch.Tensor,
-    group_name: str | None,
-    eps: float,
-    weight_offset: float,
-    round_before_weight: bool,
-    norm_dtype: torch.dtype | None,
-    reciprocal_sqrt: bool,
-    quant: str,
-    group_size: int,
-    fp8_dtype: torch.dtype,
-    quant_eps: float,
-    eps_on_scale: bool,
-    apply_reciprocal: bool,
-    scale_col_major: bool,
-    rounding: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """allreduce_rms_norm_quant that also returns the normed y (for the norm's other readers,
-    an MoE router say): (q, scale, h, y)."""
-    norm_args = (weight_offset, round_before_weight, norm_dtype, reciprocal_sqrt)
-    quant_args = (quant, group_size, fp8_dtype, quant_eps, eps_on_scale, apply_reciprocal,
-                  scale_col_major, rounding)  # fmt: skip
-    return run(x, residual, weight, group_name, eps, norm_args, quant_args, write_norm=True)
+@fused_op("fxfuse::allreduce_rms_norm_quant_with_norm",
+          schema=variant_schema(allreduce_rms_norm_quant, "(Tensor, Tensor, Tensor, Tensor)"))
+def allreduce_rms_norm_quant_with_norm(x, residual, weight, group_name, eps, *args):
+    """allreduce_rms_norm_quant (the same arguments) that also returns the normed y (for the
+    norm's other readers, an MoE router say): (q, scale, h, y)."""
+    return run(x, residual, weight, group_name, eps, args[:4], args[4:], write_norm=True)
 
 
 @allreduce_rms_norm_quant_with_norm.register_fake
@@ -303,3 +283,24 @@ def _(x, residual, weight, group_name, eps, *args):
     *norm_quant, w, _w_scale, out_dtype, max_m = args
     quant_dict = dict(zip(QUANT_ARG_NAMES, norm_quant[4:]))
     return gemm_ops._gemm_fake(x, w, quant_dict, out_dtype, max_m), torch.empty_like(x)
+
+
+@fused_op("fxfuse::allreduce_rms_norm_quant_gemm_with_norm",
+          schema=variant_schema(allreduce_rms_norm_quant_gemm, "(Tensor, Tensor, Tensor)"))
+def allreduce_rms_norm_quant_gemm_with_norm(x, residual, weight, group_name, eps, *args):
+    """allreduce_rms_norm_quant_gemm (the same arguments) that also returns the normed y:
+    (out, h, y). y comes from the kernel that runs anyway on either side of the dispatch."""
+    *norm_quant, w, w_scale, out_dtype, max_m = args
+    norm_args, quant_args = tuple(norm_quant[:4]), tuple(norm_quant[4:])
+    return gemm_ops.dispatch_by_rows(
+        x, w, w_scale, out_dtype, dict(zip(QUANT_ARG_NAMES, quant_args)), max_m,
+        lambda: run(x, residual, weight, group_name, eps, norm_args, quant_args, write_norm=True),
+        lambda: run(x, residual, weight, group_name, eps, norm_args),
+        keep_norm=True,
+    )  # fmt: skip
+
+
+@allreduce_rms_norm_quant_gemm_with_norm.register_fake
+def _(x, residual, weight, group_name, eps, *args):
+    out, h = fxfuse.allreduce_rms_norm_quant_gemm(x, residual, weight, group_name, eps, *args)
+    return out, h, x.new_empty(x.shape, dtype=args[2] or x.dtype)  # args[2]: norm_dtype

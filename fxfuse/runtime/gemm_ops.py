@@ -2,8 +2,8 @@
 
 Canonical ops: `gemm_fp8` (rowwise, tensorwise or 1×128 × 128×128 blockscale) and `gemm_mxfp4`,
 what `torch._scaled_mm` and `fxfuse.ops.gemm_*` become. Fused ops: `[add_]rms_norm_quant_gemm`
-and `quant_gemm`, which choose at run time by token count M (ATOM's hand-made choice, made per
-call in one graph):
+(`..._with_norm` also returns the normed y) and `quant_gemm`, which choose at run time by token
+count M (ATOM's hand-made choice, made per call in one graph):
 
     M >  prologue_quant_max_m:  [residual +] RMSNorm + quant kernel, then an A8W8 / AFP4WFP4 GEMM
     M <= prologue_quant_max_m:  [residual +] RMSNorm kernel, then a GEMM that quantizes its
@@ -35,8 +35,10 @@ from fxfuse.runtime.dispatch import (  # noqa: F401 - the backend names are also
     gemm_backend_override,
     use_triton,
 )
-from fxfuse.runtime.registry import fused_op
+from fxfuse.runtime.registry import fused_op, variant_schema
 from fxfuse.runtime.target import detect_target, interpreting
+
+fxfuse = torch.ops.fxfuse
 
 
 def _fp8_kernels():
@@ -314,26 +316,34 @@ def _check_dispatch_args(x, w, quant_args, max_m):
         raise ValueError(f"quant: expected 'fp8' or 'mxfp4', got {quant_args['quant']!r}")
 
 
-def dispatch_by_rows(x, w, w_scale, out_dtype, quant_args, max_m, norm_quant, norm):
+def dispatch_by_rows(x, w, w_scale, out_dtype, quant_args, max_m, norm_quant, norm,
+                     keep_norm=False):
     """The token-count dispatch of every chain ending in a GEMM: above max_m rows,
-    `norm_quant()` → (q, scale, h) then the quantized GEMM; at or below, `norm()` → (y, h) then
-    the prequant GEMM. Returns (out (M, N), h)."""
+    `norm_quant()` → (q, scale, h[, y]) then the quantized GEMM; at or below, `norm()` → (y, h)
+    then the prequant GEMM. Returns (out (M, N), h), and y last when keep_norm (norm_quant then
+    returns it too: the norm's other readers take it)."""
     _check_dispatch_args(x, w, quant_args, max_m)
     if _rows(x) > max_m:
-        q, scale, h = norm_quant()
+        q, scale, h, *y = norm_quant()
         q, scale = q.reshape(-1, q.shape[-1]), scale.reshape(-1, scale.shape[-1])
-        return _quantized_gemm(q, scale, w, w_scale, out_dtype, quant_args), h
-    y, h = norm()
-    return _prequant_gemm(y.reshape(-1, y.shape[-1]), w, w_scale, out_dtype, quant_args), h
+        out = _quantized_gemm(q, scale, w, w_scale, out_dtype, quant_args)
+    else:
+        y0, h = norm()
+        y = [y0]
+        out = _prequant_gemm(y0.reshape(-1, y0.shape[-1]), w, w_scale, out_dtype, quant_args)
+    return (out, h, *y) if keep_norm else (out, h)
 
 
-def _norm_quant_gemm(x, residual, weight, eps, norm, quant_args, w, w_scale, out_dtype, max_m):
+def _norm_quant_gemm(x, residual, weight, eps, norm, quant_args, w, w_scale, out_dtype, max_m,
+                     keep_norm=False):
     return dispatch_by_rows(
         x, w, w_scale, out_dtype, quant_args, max_m,
-        lambda: norm_quant_ops._fused(x, residual, weight, eps, norm, quant_args),
+        lambda: norm_quant_ops._fused(x, residual, weight, eps, norm, quant_args,
+                                      write_norm=keep_norm),
         lambda: norm_quant_ops._norm(x, weight, eps, residual, norm["weight_offset"],
                                      norm["round_before_weight"], norm["norm_dtype"],
                                      norm["reciprocal_sqrt"]),
+        keep_norm,
     )  # fmt: skip
 
 
@@ -425,6 +435,48 @@ def _(x, residual, weight, eps, *args):
     *nq, w, _w_scale, out_dtype, max_m = args
     _, quant_args = norm_quant_ops._norm_quant_args(*nq)
     return _gemm_fake(x, w, quant_args, out_dtype, max_m), torch.empty_like(x)
+
+
+# --- the same, with the normed y as an output too ------------------------------------------------
+# For a norm whose y is also read by something other than the quant (an MoE layer's router) while
+# the quant feeds one GEMM (a shared expert's merged gate_up projection): y comes from the kernel
+# that runs anyway, the norm kernel at or below prologue_quant_max_m, the norm-quant kernel above.
+
+
+def _norm_fake(x, args):
+    return x.new_empty(x.shape, dtype=args[2] or x.dtype)  # args[2]: norm_dtype
+
+
+@fused_op("fxfuse::rms_norm_quant_gemm_with_norm",
+          schema=variant_schema(rms_norm_quant_gemm, "(Tensor, Tensor)"))
+def rms_norm_quant_gemm_with_norm(x, weight, eps, *args):
+    """rms_norm_quant_gemm (the same arguments) that also returns the normed y: (out, y)."""
+    *nq, w, w_scale, out_dtype, max_m = args
+    norm, quant_args = norm_quant_ops._norm_quant_args(*nq)
+    out, _, y = _norm_quant_gemm(x, None, weight, eps, norm, quant_args, w, w_scale, out_dtype,
+                                 max_m, keep_norm=True)
+    return out, y
+
+
+@rms_norm_quant_gemm_with_norm.register_fake
+def _(x, weight, eps, *args):
+    return fxfuse.rms_norm_quant_gemm(x, weight, eps, *args), _norm_fake(x, args)
+
+
+@fused_op("fxfuse::add_rms_norm_quant_gemm_with_norm",
+          schema=variant_schema(add_rms_norm_quant_gemm, "(Tensor, Tensor, Tensor)"))
+def add_rms_norm_quant_gemm_with_norm(x, residual, weight, eps, *args):
+    """add_rms_norm_quant_gemm (the same arguments) that also returns the normed y:
+    (out, x + residual, y)."""
+    *nq, w, w_scale, out_dtype, max_m = args
+    norm, quant_args = norm_quant_ops._norm_quant_args(*nq)
+    return _norm_quant_gemm(x, residual, weight, eps, norm, quant_args, w, w_scale, out_dtype,
+                            max_m, keep_norm=True)
+
+
+@add_rms_norm_quant_gemm_with_norm.register_fake
+def _(x, residual, weight, eps, *args):
+    return (*fxfuse.add_rms_norm_quant_gemm(x, residual, weight, eps, *args), _norm_fake(x, args))
 
 
 @fused_op("fxfuse::quant_gemm", mutates_args=())

@@ -47,6 +47,7 @@ FUSED_QUANT = "fxfuse.allreduce_rms_norm_quant.default"
 FUSED_QUANT_WITH_NORM = "fxfuse.allreduce_rms_norm_quant_with_norm.default"
 FUSED_NORM = "fxfuse.allreduce_rms_norm.default"
 FUSED_GEMM = "fxfuse.allreduce_rms_norm_quant_gemm.default"
+FUSED_GEMM_WITH_NORM = "fxfuse.allreduce_rms_norm_quant_gemm_with_norm.default"
 GEMMS = ("fxfuse.gemm_fp8.default", "fxfuse.gemm_mxfp4.default")
 GEMM_N = 128  # the GEMM's output features (K = N)
 M_VALUES = (1, 4, 31, 32, 33, 200)  # both sides of prologue_quant_max_m = 32
@@ -366,6 +367,13 @@ def case_gemm_norm_read_elsewhere(rank, world):
     )
 
 
+def case_gemm_norm_read_elsewhere_plain_mxfp4(rank, world):
+    return _fuse_and_compare(
+        lambda: ARChainGemm(functional, mxfp4("even"), False, "mxfp4", batched=True, norm_out=True),
+        rank, run_ms=M_VALUES,
+    )  # fmt: skip
+
+
 def case_gemm_col_major_scales(rank, world):
     return _fuse_and_compare(
         lambda: ARChainGemm(functional, col_major_group_128, True, "fp8_block"), rank
@@ -382,7 +390,7 @@ SESSION = {
         "reduced_used_elsewhere", "reduce_max", "in_place_on_graph_input",
         "in_place_buffer_aliased", "torch_compile", "opcheck", "gemm_fp8_per_token_residual",
         "gemm_fp8_group128_in_place", "gemm_mxfp4_plain", "gemm_q_used_elsewhere",
-        "gemm_norm_read_elsewhere",
+        "gemm_norm_read_elsewhere", "gemm_norm_read_elsewhere_plain_mxfp4",
         "norm_read_elsewhere_residual_fp8", "norm_read_elsewhere_plain_mxfp4",
         "gemm_col_major_scales"],
 }  # fmt: skip
@@ -584,16 +592,19 @@ def test_chain_into_the_gemm_near_miss_ends_at_the_quant(ranks, name, reason):
     _assert_fired(per_rank, FUSED_QUANT)
 
 
-def test_chain_into_one_gemm_with_the_norm_read_elsewhere(ranks):
-    """y also read elsewhere and the quant's only reader one GEMM: the all-reduce fuses with the
-    norm (`allreduce_rms_norm`), the quant and GEMM become `quant_gemm` (its M dispatch), and the
-    bytes are the unfused model's at every M."""
-    per_rank = _case(ranks, 2, "gemm_norm_read_elsewhere")
+@pytest.mark.parametrize(
+    "name", ["gemm_norm_read_elsewhere", "gemm_norm_read_elsewhere_plain_mxfp4"]
+)
+def test_chain_into_one_gemm_with_the_norm_read_elsewhere(ranks, name):
+    """y also read elsewhere and the quant's only reader one GEMM: the whole chain becomes
+    `allreduce_rms_norm_quant_gemm_with_norm` (its M dispatch; y from whichever kernel runs), and
+    the bytes, y's included, are the unfused model's at every M."""
+    per_rank = _case(ranks, 2, name)
     for rank, out in enumerate(per_rank):
-        assert "fxfuse.quant_gemm.default" in out["targets"], f"rank {rank}: {out['targets']}"
-        assert "left to quant_gemm" in out["reasons"], out["reasons"]
+        assert "fxfuse.quant_gemm.default" not in out["targets"], f"rank {rank}: {out['targets']}"
+        assert not any(t in GEMMS for t in out["targets"]), f"rank {rank}: {out['targets']}"
         assert out["unequal_rows"] == [], f"rank {rank}: bytes differ at these M"
-    _assert_fired(per_rank, FUSED_NORM)
+    _assert_fired(per_rank, FUSED_GEMM_WITH_NORM)
 
 
 # --- in process: no group -----------------------------------------------------------------------
@@ -647,6 +658,15 @@ def test_without_a_group_the_gemm_op_is_the_norm_quant_gemm(quant, with_residual
         else:
             want = ops.add_rms_norm_quant_gemm(x, r, w, 1e-6, *norm, *quant_args, *gemm)
         assert outputs_bytes_equal(got, want), m
+        # The with-norm op: the same (out, h) and y, the local norm's.
+        args = (x, r, w, None, 1e-6, *norm, *quant_args, *gemm)
+        kept = ops.allreduce_rms_norm_quant_gemm_with_norm(*args)
+        y = fxfuse.ops.rms_norm(x, w, 1e-6, residual=r)
+        assert outputs_bytes_equal(kept, (*want, y[0] if r is not None else y)), m
+        utils = ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic")
+        torch.library.opcheck(
+            ops.allreduce_rms_norm_quant_gemm_with_norm.default, args, test_utils=utils
+        )
 
 
 def test_ops_pass_opcheck_without_a_group(reference_path):

@@ -83,3 +83,29 @@ def test_moe_post_attention_norm_fuses_with_y_kept(name, reference_path):
     assert targets.count("fxfuse.add_rms_norm_quant_with_norm.default") == moe_layers, str(report)
     assert report.counts["rmsnorm_quant"] == 2 * LAYERS, str(report)
     assert torch.equal(got, want)  # the reference path: the unfused bytes
+
+
+def test_moe_norm_into_one_gemm_keeps_y_nemotron_h(reference_path):
+    """Nemotron-H's MoE layer: the router reads the norm's y, the shared expert's one up_proj
+    (relu², no gate) its quant, so the norm, quant and GEMM fuse as one chain that keeps y
+    (`rms_norm_quant_gemm_with_norm`); the shared expert's GEMM inputs that the graph places
+    after the routing's in-place writes move up past them."""
+    cfg = transformers.AutoConfig.for_model("nemotron_h")
+    sizes = dict(
+        vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, head_dim=64,
+        pad_token_id=0, moe_intermediate_size=64, moe_shared_expert_intermediate_size=64,
+    )  # fmt: skip
+    for key, value in sizes.items():
+        setattr(cfg, key, value)
+    cfg._attn_implementation = "eager"
+    assert cfg.layers_block_type[:LAYERS] == ["linear_attention", "moe"], cfg.layers_block_type
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 128, (2, 12))
+    fused, got, want = fuse_and_run(Logits(quantize_linears(model, "fp8_rowwise")), (ids,))
+    report = fused.fxfuse_report
+    targets = [str(n.target) for n in fused.graph.nodes if n.op == "call_function"]
+    assert targets.count("fxfuse.rms_norm_quant_gemm_with_norm.default") == 1, str(report)
+    assert not any("after a consumer" in why for _, _, why in report.rejected), report.rejected
+    assert torch.equal(got, want)  # the reference path: the unfused bytes

@@ -131,6 +131,108 @@ def test_dispatch_sides_give_the_same_outputs(reference_path):
     assert torch.equal(small(x, r)[0], large(x, r)[0])
 
 
+# --- the normed y also read elsewhere (an MoE router beside a merged gate_up GEMM) ---------------
+
+
+class NormLinearRouter(NormLinear):
+    """NormLinear whose y a router reads too (fp32, as MoE routers do); rows: y flattened to
+    (M, K) before the quant and the router, as HunYuan / ERNIE MoE layers do."""
+
+    def __init__(self, quant="fp8_rowwise", residual=True, rows=False):
+        super().__init__("mxfp4" if quant == "mxfp4" else "fp8_rowwise", residual)
+        if quant == "fp8_block":  # (N, K) multiples of 128
+            self.proj = QuantLinear(torch.randn(128, K) / K**0.5, quant)
+        self.rows = rows
+        self.router = torch.nn.Parameter(torch.randn(4, K))
+
+    def forward(self, x, r):
+        h = x + r if self.residual else x
+        var = h.float().pow(2).mean(-1, keepdim=True)
+        y = (h.float() * torch.rsqrt(var + 1e-6)).to(torch.bfloat16) * self.weight
+        y = y.reshape(-1, K) if self.rows else y
+        return self.proj(y), h, y.float() @ self.router.t()
+
+
+@pytest.mark.parametrize("quant", ["fp8_rowwise", "fp8_block", "mxfp4"])
+@pytest.mark.parametrize("residual", [True, False], ids=["residual", "plain"])
+@pytest.mark.parametrize("rows", [False, True], ids=["y", "rows"])
+def test_norm_chain_with_the_norm_read_elsewhere(reference_path, quant, residual, rows):
+    """The chain fuses whole and keeps y for the router; on both sides of the dispatch the router
+    reads the unfused model's y (bytes) and the GEMM matches."""
+    model = NormLinearRouter(quant, residual, rows)
+    x, r = _inputs(6, lead=(2,))
+    op = "add_rms_norm_quant_gemm_with_norm" if residual else "rms_norm_quant_gemm_with_norm"
+    for max_m in (0, 64):  # the norm-quant kernel, then the norm kernel, writes y
+        config = fxfuse.FusionConfig(prologue_quant_max_m=max_m)
+        fused = fxfuse.apply_fusions(model, (x, r), config=config)
+        counts = fused.fxfuse_report.counts
+        assert counts["rmsnorm_quant_gemm"] == 1 and counts["quant_gemm"] == 0, str(counts)
+        assert fused_targets(fused) == [f"fxfuse.{op}.default"]
+        out, h, logits = fused(x, r)
+        ref_out, ref_h, ref_logits = model(x, r)
+        assert torch.equal(h, ref_h) and torch.equal(logits, ref_logits), max_m
+        assert _rel(out, ref_out) <= 1e-2, max_m
+
+
+def test_norm_chain_with_the_norm_read_elsewhere_dynamic_m(reference_path):
+    model = NormLinearRouter("fp8_rowwise")
+    rows = torch.export.Dim("rows", min=1, max=4096)
+    x, r = _inputs(8)
+    fused = fxfuse.apply_fusions(model, (x, r), dynamic_shapes=({0: rows}, {0: rows}))
+    assert fused.fxfuse_report.counts["rmsnorm_quant_gemm"] == 1
+    for m in M_VALUES:
+        x, r = _inputs(m)
+        out, h, logits = fused(x, r)
+        _, ref_h, ref_logits = model(x, r)
+        assert torch.equal(h, ref_h) and torch.equal(logits, ref_logits), m
+        assert _rel(out, _expected_fp8(model, x, r)) <= 1e-2, m
+
+
+@pytest.mark.parametrize("residual", [True, False], ids=["residual", "plain"])
+def test_with_norm_gemm_ops_return_the_chain_and_y(residual, reference_path):
+    """The with-norm ops: the base op's outputs and the norm's y, on both sides of the dispatch;
+    they pass opcheck."""
+    model = NormLinear("fp8_rowwise", residual)
+    w, ws = model.proj.weight, model.proj.weight_scale.reshape(-1, 1)
+    norm_w = model.weight.detach()
+    nq = (1e-6, 0.0, True, None, False, "fp8", 0, torch.float8_e4m3fn, 1e-10, False, False,
+          False, "even")  # fmt: skip
+    ops = torch.ops.fxfuse
+    for m in (4, 40):
+        x, r = _inputs(m)
+        gemm = (w, ws, torch.bfloat16, 32)
+        if residual:
+            base, op, args = ops.add_rms_norm_quant_gemm, ops.add_rms_norm_quant_gemm_with_norm, (
+                x, r, norm_w, *nq, *gemm)
+            y = ops.add_rms_norm(x, r, norm_w, *nq[:5])[0]
+        else:
+            base, op, args = ops.rms_norm_quant_gemm, ops.rms_norm_quant_gemm_with_norm, (
+                x, norm_w, *nq, *gemm)
+            y = ops.rms_norm(x, norm_w, *nq[:5])
+        want = base(*args)
+        want = want if residual else (want,)
+        got = op(*args)
+        assert len(got) == len(want) + 1
+        for a, b in zip(got, (*want, y)):
+            assert torch.equal(a, b), m
+        utils = ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic")
+        torch.library.opcheck(op.default, args, test_utils=utils)
+
+
+def test_torch_compile_fuses_the_chain_with_the_norm_read_elsewhere(reference_path):
+    model = NormLinearRouter("fp8_rowwise").requires_grad_(False)
+    x, r = _inputs(40)
+    out, h, logits = torch.compile(model, backend="fxfuse")(x, r)
+    report = fxfuse.last_report()
+    assert report.counts["rmsnorm_quant_gemm"] == 1, str(report)
+    replacements = [w.replacement for w in report.rewrites]
+    assert "fxfuse.add_rms_norm_quant_gemm_with_norm.default" in replacements, replacements
+    ref_out, ref_h, ref_logits = model(x, r)
+    assert torch.equal(h, ref_h)
+    assert _rel(logits, ref_logits) <= 1e-5  # Inductor compiles the router's fp32 matmul
+    assert _rel(out, ref_out) <= 1e-2
+
+
 # --- near-misses ---------------------------------------------------------------------------------
 
 
