@@ -61,6 +61,18 @@ def calls(kind: str, w, w_scale):
     return {"with_norm": with_norm, "before": before, "no_y": base}
 
 
+def spelled_norm(x, r, w):
+    """The chain as model code spells it (torch's own reduction order): SPEC §5's reference."""
+    h = (x + r).float()
+    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype)
+
+
+def max_ulps(a, b) -> int:
+    bits = [t.view(torch.int16).int() for t in (a, b)]
+    ordered = [torch.where(v < 0, -(v & 0x7FFF), v) for v in bits]
+    return int((ordered[0] - ordered[1]).abs().max().item())
+
+
 def rel(a, b) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp(min=1e-30))
@@ -93,10 +105,13 @@ def main() -> None:
                      (1 + 0.1 * torch.randn(k, device=dev)).bfloat16())
                     for _ in range(copies)]  # fmt: skip
             got, want = fns["with_norm"](*sets[0]), fns["before"](*sets[0])
+            spelled = spelled_norm(*sets[0])
             y_rows = int((got[2].view(torch.int16) != want[2].view(torch.int16)).any(-1).sum())
             row = {"kind": kind, "m": m, "h_equal": torch.equal(got[1], want[1]),
                    "y_rows_differ": y_rows, "out_equal": torch.equal(got[0], want[0]),
-                   "out_rel": rel(got[0], want[0])}  # fmt: skip
+                   "out_rel": rel(got[0], want[0]),
+                   "y_vs_spelled_max_ulps": max_ulps(got[2], spelled),
+                   "before_y_vs_spelled_max_ulps": max_ulps(want[2], spelled)}  # fmt: skip
             if not args.check_only and dev == "cuda":
                 us = {}
                 for name in ("with_norm", "before", "no_y", "with_norm"):

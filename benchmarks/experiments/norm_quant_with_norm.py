@@ -66,7 +66,7 @@ def two_kernels(case: str):
     return call
 
 
-def compare(case: str, got, want) -> dict:
+def compare(case: str, got, want, inputs) -> dict:
     """How the fused (q, scale, h, y) differ from the two kernels': rows of y that differ and by
     how many bf16 ulps (the two kernels' reductions may round a row's sum differently: SPEC §5),
     and whether the fused q, scale are the quant of the fused y (its own bytes, consistent)."""
@@ -81,8 +81,26 @@ def compare(case: str, got, want) -> dict:
     consistent = torch.equal(q.view(torch.uint8), got[0].view(torch.uint8)) and torch.equal(
         s.view(torch.uint8), got[1].view(torch.uint8)
     )
+    spelled_y = spelled_norm(*inputs)
     return {"y_rows_differ": int(rows.sum()), "rows": y.shape[0], "y_max_ulps": ulps,
-            "h_equal": torch.equal(got[2], want[2]), "q_is_quant_of_y": consistent}  # fmt: skip
+            "h_equal": torch.equal(got[2], want[2]), "q_is_quant_of_y": consistent,
+            # SPEC §5 holds each against the spelled chain (torch's own reduction order)
+            "fused_y_vs_spelled_max_ulps": max_ulps(y, spelled_y),
+            "two_kernel_y_vs_spelled_max_ulps": max_ulps(y_want, spelled_y)}  # fmt: skip
+
+
+def _ordered(t):
+    """bf16 / fp16 bits as integers whose difference counts ulps (±0 coincide)."""
+    bits = t.view(torch.int16).int()
+    return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+
+
+def max_ulps(a, b) -> int:
+    return int((_ordered(a) - _ordered(b)).abs().max().item())
+
+
+def spelled_norm(x, r, w):
+    return residual_rms_norm(x, r, w)[0]
 
 
 def spelled(case: str):
@@ -111,7 +129,7 @@ def main() -> None:
             got, want = with_norm(case)(*sets[0]), two_kernels(case)(*sets[0])
             same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
                        for a, b in zip(got, want))  # fmt: skip
-            diff = {} if same else compare(case, got, want)
+            diff = {} if same else compare(case, got, want, sets[0])
             if args.check_only:
                 print(f"{case:32s} m={m:>6} equal={same} {diff}", flush=True)
                 rows.append({"case": case, "m": m, "n": n, "bit_equal": same, **diff})

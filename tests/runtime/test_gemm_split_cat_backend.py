@@ -104,14 +104,20 @@ def test_gpu_kv_b_every_backend_meets_the_tolerance(monkeypatch, choice, m):
     assert torch.equal(out[..., 128:], y)
 
 
-def test_split_backend_table_runs_the_unfused_chain_at_small_m():
+def test_split_backend_table_runs_the_unfused_chain_where_it_was_faster():
+    """sm90 (H100 2026-12-07): GLM-5.3's 16-head kv_b (n 8192, K 512) unfused at M <= 128, the
+    vendor path above and at 64 heads; kv_a-like K above 512 unfused up to M 2048."""
     table = launch_tables.load_table(gemm_split_cat_ops.SPLIT_BACKEND_TABLE)
-    for m in (1, 128, 1024, 2048):
-        config = launch_tables.lookup(table["kernel"], "sm90", m=m, n=8192, k=512)
-        assert config["BACKEND"] == dispatch.BACKEND_UNFUSED
-    assert launch_tables.lookup(table["kernel"], "sm90", m=8192, n=8192, k=512) == {
-        "BACKEND": dispatch.BACKEND_VENDOR
-    }
+
+    def backend(**shape):
+        return launch_tables.lookup(table["kernel"], "sm90", **shape)["BACKEND"]
+
+    for m in (1, 128):
+        assert backend(m=m, n=8192, k=512) == dispatch.BACKEND_UNFUSED
+    for m, n in ((1024, 8192), (2048, 8192), (8192, 8192), (128, 32768)):
+        assert backend(m=m, n=n, k=512) == dispatch.BACKEND_VENDOR, (m, n)
+    for m in (1, 1024, 2048):
+        assert backend(m=m, n=576, k=4096) == dispatch.BACKEND_UNFUSED
     for target in ("gfx950", "gfx942"):
         assert table["targets"][target]["timed"] is False
 
