@@ -79,7 +79,9 @@ def _scaled_mm_replace(m: Match, ctx, insert: Inserter):
     wt = m["wt"]
     w = wt.args[0] if _is_transpose(wt) else insert.call(aten.t.default, (wt,))
     sa, sb = m["scale_a"], m["scale_b"]
-    if val(sb).numel() == 1:
+    # Tensorwise: both scalars. A (1, 1) weight scale beside (M, 1) token scales is rowwise of a
+    # one-column weight (Qwen2-MoE's shared-expert gate, N = 1).
+    if val(sa).numel() == 1 and val(sb).numel() == 1:
         sa = insert.call(aten.reshape.default, (sa, [1]))
         sb = insert.call(aten.reshape.default, (sb, [1]))
     else:

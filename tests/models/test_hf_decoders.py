@@ -59,6 +59,10 @@ MOE = {
     "glm4_moe": ("glm4_moe", 1, {"head_dim": 16, "n_routed_experts": 4, "n_shared_experts": 1}),
     # ERNIE 4.5: the router and the experts' gather read the flattened rows the quant reads
     "ernie4_5_moe": ("ernie4_5_moe", 1, {"head_dim": 16, "moe_num_experts": 4}),
+    # Qwen2-MoE: every layer MoE; its shared-expert gate is Linear(hidden, 1), a one-column
+    # rowwise _scaled_mm
+    "qwen2_moe": ("qwen2_moe", 2, {"head_dim": 16, "num_experts": 4,
+                                   "shared_expert_intermediate_size": 32}),
 }
 
 

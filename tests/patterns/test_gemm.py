@@ -274,6 +274,35 @@ def test_quant_with_another_user_does_not_fuse_the_gemm(reference_path):
     assert _rel(out, ref_out) <= 1e-2
 
 
+@pytest.mark.parametrize("n", [1, N], ids=["one_column", "wide"])
+@pytest.mark.parametrize("tensorwise", [False, True], ids=["rowwise", "tensorwise"])
+def test_scaled_mm_one_column_weight_stays_rowwise(reference_path, n, tensorwise):
+    """A (1, 1) weight scale beside (M, 1) token scales is rowwise (Qwen2-MoE's shared-expert
+    gate is Linear(hidden, 1)); only two scalar scales are tensorwise."""
+
+    class ScaledMM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = QuantLinear(torch.randn(n, K) / K**0.5, "fp8_rowwise")
+
+        def forward(self, x):
+            amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-10)
+            scale = amax.amax().reshape(1, 1) / 448.0 if tensorwise else amax / 448.0
+            q = (x.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+            w_scale = self.proj.weight_scale.amax().reshape(1, 1) if tensorwise else (
+                self.proj.weight_scale)
+            return torch._scaled_mm(q, self.proj.weight.t(), scale_a=scale, scale_b=w_scale,
+                                    out_dtype=torch.bfloat16)
+
+    model, (x, _) = ScaledMM(), _inputs(24)
+    fused = fxfuse.apply_fusions(model, (x,))
+    assert fused.fxfuse_report.canonicalized.get("gemm_fp8") == 1, str(fused.fxfuse_report)
+    assert "aten._scaled_mm.default" not in [str(t.target) for t in fused.graph.nodes]
+    out, want = fused(x), model(x)
+    assert out.shape == want.shape == (24, n)
+    assert _rel(out, want) <= 1e-2
+
+
 def test_scaled_mm_with_bias_is_left_alone(reference_path):
     model = BiasedScaledMM()
     x, _ = _inputs(5)
