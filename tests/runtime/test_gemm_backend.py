@@ -169,3 +169,52 @@ def test_gpu_blockscale_k_of_18_blocks_stays_on_triton(monkeypatch):
     out = torch.ops.fxfuse.gemm_fp8(q, xs, w, ws, torch.bfloat16)
     ref = gemm_fp8_ref(*(t.cpu() for t in (q, xs, w, ws)), torch.float64, torch.float64)
     assert _rel(out.cpu(), ref) <= 1e-2
+
+
+def _ordered(t):
+    """bf16 bits as integers whose difference counts ulps (±0 coincide)."""
+    bits = t.view(torch.int16).int()
+    return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+
+
+def _with_norm_case(quant, m, device):
+    """add_rms_norm_quant_gemm_with_norm: (out, h) the bytes of the op without y, y within 1 ulp
+    of the spelled norm (SPEC §5; sum orders differ)."""
+    g = torch.Generator().manual_seed(5)
+    n, k = 512, 1024
+    x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16).to(device)
+    r = torch.randn(m, k, generator=g).to(torch.bfloat16).to(device)
+    norm_w = (1 + 0.1 * torch.randn(k, generator=g)).to(torch.bfloat16).to(device)
+    ops = torch.ops.fxfuse
+    if quant == "mxfp4":
+        wf = torch.randn(n, k, generator=g).to(torch.bfloat16).to(device) / k**0.5
+        w, ws = ops.quant_mxfp4(wf, "even")
+        q_args = ("mxfp4", 0, FN, 0.0, False, False, False, "even")
+    elif quant == "fp8_group128":
+        _, _, w, ws = _blockscale(1, n, k, device=device, seed=5)
+        q_args = ("fp8", 128, FN, 1e-10, False, False, False, "even")
+    else:
+        _, _, w, ws = _rowwise(1, n, k, device=device, seed=5)
+        q_args = ("fp8", 0, FN, 1e-10, False, False, False, "even")
+    args = (x, r, norm_w, 1e-6, 0.0, True, None, False, *q_args, w, ws, torch.bfloat16, 32)
+    out, h, y = ops.add_rms_norm_quant_gemm_with_norm(*args)
+    base_out, base_h = ops.add_rms_norm_quant_gemm(*args)
+    assert out.shape == (m, n)
+    assert torch.equal(h, base_h) and torch.equal(out, base_out)
+    hf = (x + r).float()
+    spelled = norm_w * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16()
+    assert (_ordered(y) - _ordered(spelled)).abs().max().item() <= 1
+
+
+@pytest.mark.parametrize("quant", ["fp8", "fp8_group128", "mxfp4"])
+def test_norm_quant_gemm_with_norm_is_the_chain_and_its_norm(quant, reference_path):
+    for m in (4, 40):  # both sides of prologue_quant_max_m = 32
+        _with_norm_case(quant, m, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("quant", ["fp8", "fp8_group128", "mxfp4"])
+@pytest.mark.parametrize("m", [16, 1024, 8192])  # both sides of prologue_quant_max_m = 32
+def test_gpu_norm_quant_gemm_with_norm_is_the_chain_and_its_norm(quant, m):
+    _with_norm_case(quant, m, "cuda")
