@@ -67,6 +67,16 @@ def spelled_norm(x, r, w):
     return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype)
 
 
+def admissible(y, x, r, w) -> bool:
+    """Whether y is w times a normed value within 1 ulp of the spelled one (before the weight
+    multiply, where the sum order acts): SPEC §5's bound, carried through the multiply."""
+    h = (x + r).float()
+    normed = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype)
+    inf = torch.full_like(normed, float("inf"))
+    near = (normed, torch.nextafter(normed, inf), torch.nextafter(normed, -inf))
+    return bool(sum(torch.eq(y, w * a) for a in near).bool().all())
+
+
 def max_ulps(a, b) -> int:
     bits = [t.view(torch.int16).int() for t in (a, b)]
     ordered = [torch.where(v < 0, -(v & 0x7FFF), v) for v in bits]
@@ -111,7 +121,9 @@ def main() -> None:
                    "y_rows_differ": y_rows, "out_equal": torch.equal(got[0], want[0]),
                    "out_rel": rel(got[0], want[0]),
                    "y_vs_spelled_max_ulps": max_ulps(got[2], spelled),
-                   "before_y_vs_spelled_max_ulps": max_ulps(want[2], spelled)}  # fmt: skip
+                   "before_y_vs_spelled_max_ulps": max_ulps(want[2], spelled),
+                   "y_admissible": admissible(got[2], *sets[0]),
+                   "before_y_admissible": admissible(want[2], *sets[0])}  # fmt: skip
             if not args.check_only and dev == "cuda":
                 us = {}
                 for name in ("with_norm", "before", "no_y", "with_norm"):

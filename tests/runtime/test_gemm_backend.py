@@ -171,15 +171,11 @@ def test_gpu_blockscale_k_of_18_blocks_stays_on_triton(monkeypatch):
     assert _rel(out.cpu(), ref) <= 1e-2
 
 
-def _ordered(t):
-    """bf16 bits as integers whose difference counts ulps (±0 coincide)."""
-    bits = t.view(torch.int16).int()
-    return torch.where(bits < 0, -(bits & 0x7FFF), bits)
-
-
 def _with_norm_case(quant, m, device):
-    """add_rms_norm_quant_gemm_with_norm: (out, h) the bytes of the op without y, y within 1 ulp
-    of the spelled norm (SPEC §5; sum orders differ)."""
+    """add_rms_norm_quant_gemm_with_norm: (out, h) the bytes of the op without y, and y the
+    spelled norm's up to the sum order: the normed value before the weight multiply within 1 ulp
+    of the spelled one (SPEC §5), y that value times the weight. (The multiply can carry the
+    ulp on as 2 ulps of y: on an H100 at M 4096 / 16384 a few rows do, the norm kernel's too.)"""
     g = torch.Generator().manual_seed(5)
     n, k = 512, 1024
     x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16).to(device)
@@ -202,8 +198,11 @@ def _with_norm_case(quant, m, device):
     assert out.shape == (m, n)
     assert torch.equal(h, base_h) and torch.equal(out, base_out)
     hf = (x + r).float()
-    spelled = norm_w * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16()
-    assert (_ordered(y) - _ordered(spelled)).abs().max().item() <= 1
+    normed = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16()
+    inf = torch.full_like(normed, float("inf"))
+    admissible = [norm_w * a for a in (normed, torch.nextafter(normed, inf),
+                                       torch.nextafter(normed, -inf))]  # fmt: skip
+    assert bool(sum(torch.eq(y, a) for a in admissible).bool().all())
 
 
 @pytest.mark.parametrize("quant", ["fp8", "fp8_group128", "mxfp4"])
