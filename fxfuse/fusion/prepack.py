@@ -25,6 +25,9 @@ WEIGHT_OPS = (
     fxfuse.rms_norm_quant_gemm.default,
     fxfuse.add_rms_norm_quant_gemm.default,
     fxfuse.allreduce_rms_norm_quant_gemm.default,
+    fxfuse.rms_norm_quant_gemm_with_norm.default,
+    fxfuse.add_rms_norm_quant_gemm_with_norm.default,
+    fxfuse.allreduce_rms_norm_quant_gemm_with_norm.default,
     fxfuse.gemm_mxfp4_split_cat.default,
     fxfuse.gemm_mxfp4_split.default,
 )

@@ -204,9 +204,9 @@ class NormMxLinear(torch.nn.Module):
     quant (then rmsnorm_quant + two standalone GEMMs) whose weight's prepacked name would
     collide with the first's: `a.w` and a top-level `a_w`."""
 
-    def __init__(self, two: bool, n=32, k=K):
+    def __init__(self, two: bool, n=32, k=K, keep_y=False):
         super().__init__()
-        self.two = two
+        self.two, self.keep_y = two, keep_y
         self.norm_w = torch.nn.Parameter(torch.rand(k) + 0.5, requires_grad=False)
         self.a = MxLinear(n, k)
         w, w_scale = _weights(n, k, seed=5)
@@ -217,17 +217,22 @@ class NormMxLinear(torch.nn.Module):
         y = fxfuse.ops.rms_norm(x, self.norm_w, 1e-6)
         q, s = fxfuse.ops.quant_mxfp4(y)
         first = fxfuse.ops.gemm_mxfp4(q, s, self.a.w, self.a.w_scale, torch.float32)
+        if self.keep_y:  # y read elsewhere too: rms_norm_quant_gemm_with_norm
+            return first, y * 2
         if not self.two:
             return (first,)
         return first, fxfuse.ops.gemm_mxfp4(q, s, self.a_w, self.a_w_scale, torch.float32)
 
 
-@pytest.mark.parametrize("two", [False, True])
-def test_norm_chains_and_name_clash(two):
-    model = NormMxLinear(two)
+@pytest.mark.parametrize("two, keep_y", [(False, False), (True, False), (False, True)])
+def test_norm_chains_and_name_clash(two, keep_y):
+    model = NormMxLinear(two, keep_y=keep_y)
     packed = _fuse(model)
     report = packed.fxfuse_report
     names = [w for _, w in report.prepacked]
+    if keep_y:
+        targets = [str(n.target) for n in packed.graph.nodes]
+        assert "fxfuse.rms_norm_quant_gemm_with_norm.default" in targets
     if two:  # the shared quant keeps the GEMMs apart; each standalone GEMM is prepacked
         assert report.counts["rmsnorm_quant"] == 1
         assert names == [PREFIX + "a_w", PREFIX + "a_w_1"]
