@@ -21,6 +21,7 @@ reference, ties at many ranks; a variant the launcher refuses is noted and not t
 - row: the row path (one program per row) at the table's entry, the path that many rows took
   before the 2026-12-05 runs 6-8 moved them to the multi path;
 - sw16 / smp4096: the table's entry with the sample estimate at 16 warps / from 4096 scores;
+  sw1 / sw2 / sw4 at 1 / 2 / 4 warps;
 - r2, r2nreg96, b4096nreg80: 16 scores a thread a stream step instead of 8 (two-row chunks, or
   4096-score chunks), the same 32K-score segments; pf2: the table's entry with two chunks'
   loads in flight (MULTI_PREFETCH 2); pf3 / pf4: through Triton's pipeliner (async copies to
@@ -87,6 +88,11 @@ VARIANTS = {
     "row": {},  # the row path at the table's entry (ROW_PATH)
     # the table's entry with the sample estimate at 16 warps, or from 4096 scores
     "sw16": {"MULTI_SAMPLE_WARPS": 16},
+    # the sample estimate in fewer warps: at 1 warp every count is a warp's shuffles, no
+    # block barrier (16 dependent counts a row set the sample kernel's time, not the work)
+    "sw1": {"MULTI_SAMPLE_WARPS": 1},
+    "sw2": {"MULTI_SAMPLE_WARPS": 2},
+    "sw4": {"MULTI_SAMPLE_WARPS": 4},
     "smp4096": {"MULTI_SAMPLE": 4096},
     # more bytes in flight a stream step (ncu, 2026-12-06: 63 % of the multi kernel's stall
     # samples wait on the stream's loads, one chunk of prefetch, 8 scores a thread)
