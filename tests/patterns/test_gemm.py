@@ -90,20 +90,24 @@ def test_quant_chain_fires_and_matches(reference_path, quant):
     assert _rel(fused(x), model(x)) <= 1e-2
 
 
+@pytest.mark.parametrize("router", [False, True], ids=["y_in_chain", "y_read_elsewhere"])
 @pytest.mark.parametrize("path", ["reference", "interpreter"])
-def test_one_graph_dynamic_m_both_sides_of_dispatch(monkeypatch, path):
+def test_one_graph_dynamic_m_both_sides_of_dispatch(monkeypatch, path, router):
+    """router: the normed y also read by a router (the with-norm op), its bytes checked too."""
     monkeypatch.setenv("TRITON_INTERPRET", "1" if path == "interpreter" else "0")
-    model = NormLinear("fp8_rowwise")
+    model = NormLinearRouter("fp8_rowwise") if router else NormLinear("fp8_rowwise")
     rows = torch.export.Dim("rows", min=1, max=4096)
     x, r = _inputs(8)
     fused = fxfuse.apply_fusions(model, (x, r), dynamic_shapes=({0: rows}, {0: rows}))
     assert fused.fxfuse_report.counts["rmsnorm_quant_gemm"] == 1
     for m in M_VALUES:
         x, r = _inputs(m)
-        out, h = fused(x, r)
+        out, h, *logits = fused(x, r)
         assert out.shape == (m, N)
         assert torch.equal(h, x + r)
         assert _rel(out, _expected_fp8(model, x, r)) <= 1e-2, m
+        if router:
+            assert torch.equal(logits[0], model(x, r)[2]), m
 
 
 @pytest.mark.parametrize("group_size", [0, 128])
@@ -172,20 +176,6 @@ def test_norm_chain_with_the_norm_read_elsewhere(reference_path, quant, residual
         ref_out, ref_h, ref_logits = model(x, r)
         assert torch.equal(h, ref_h) and torch.equal(logits, ref_logits), max_m
         assert _rel(out, ref_out) <= 1e-2, max_m
-
-
-def test_norm_chain_with_the_norm_read_elsewhere_dynamic_m(reference_path):
-    model = NormLinearRouter("fp8_rowwise")
-    rows = torch.export.Dim("rows", min=1, max=4096)
-    x, r = _inputs(8)
-    fused = fxfuse.apply_fusions(model, (x, r), dynamic_shapes=({0: rows}, {0: rows}))
-    assert fused.fxfuse_report.counts["rmsnorm_quant_gemm"] == 1
-    for m in M_VALUES:
-        x, r = _inputs(m)
-        out, h, logits = fused(x, r)
-        _, ref_h, ref_logits = model(x, r)
-        assert torch.equal(h, ref_h) and torch.equal(logits, ref_logits), m
-        assert _rel(out, _expected_fp8(model, x, r)) <= 1e-2, m
 
 
 @pytest.mark.parametrize("residual", [True, False], ids=["residual", "plain"])
