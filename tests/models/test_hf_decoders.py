@@ -66,22 +66,31 @@ MOE = {
 }
 
 
+def _fuse_tiny(model_type, sizes, tokens, layers=None):
+    """The model type's config with these sizes (eager attention), random bf16 weights, FP8
+    rowwise linears: fused and run on a (2, tokens) batch (`fuse_and_run`). layers: the block
+    types its first layers must have."""
+    cfg = transformers.AutoConfig.for_model(model_type)
+    for key, value in sizes.items():
+        setattr(cfg, key, value)
+    cfg._attn_implementation = "eager"
+    if layers is not None:
+        assert cfg.layers_block_type[: len(layers)] == layers, cfg.layers_block_type
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 128, (2, tokens))
+    return fuse_and_run(Logits(quantize_linears(model, "fp8_rowwise")), (ids,))
+
+
 @pytest.mark.parametrize("name", list(MOE))
 def test_moe_post_attention_norm_fuses_with_y_kept(name, reference_path):
     model_type, moe_layers, extra = MOE[name]
-    cfg = transformers.AutoConfig.for_model(model_type)
     sizes = dict(
         vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
         num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=64, num_experts_per_tok=2, pad_token_id=0, **extra,
     )  # fmt: skip
-    for key, value in sizes.items():
-        setattr(cfg, key, value)
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).eval()
-    ids = torch.randint(0, 128, (2, 7))
-    fused, got, want = fuse_and_run(Logits(quantize_linears(model, "fp8_rowwise")), (ids,))
+    fused, got, want = _fuse_tiny(model_type, sizes, tokens=7)
     report = fused.fxfuse_report
     targets = [str(n.target) for n in fused.graph.nodes if n.op == "call_function"]
     assert targets.count("fxfuse.add_rms_norm_quant_with_norm.default") == moe_layers, str(report)
@@ -94,20 +103,13 @@ def test_moe_norm_into_one_gemm_keeps_y_nemotron_h(reference_path):
     (relu², no gate) its quant, so the norm, quant and GEMM fuse as one chain that keeps y
     (`rms_norm_quant_gemm_with_norm`); the shared expert's GEMM inputs that the graph places
     after the routing's in-place writes move up past them."""
-    cfg = transformers.AutoConfig.for_model("nemotron_h")
     sizes = dict(
         vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=LAYERS,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, head_dim=64,
         pad_token_id=0, moe_intermediate_size=64, moe_shared_expert_intermediate_size=64,
     )  # fmt: skip
-    for key, value in sizes.items():
-        setattr(cfg, key, value)
-    cfg._attn_implementation = "eager"
-    assert cfg.layers_block_type[:LAYERS] == ["linear_attention", "moe"], cfg.layers_block_type
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).eval()
-    ids = torch.randint(0, 128, (2, 12))
-    fused, got, want = fuse_and_run(Logits(quantize_linears(model, "fp8_rowwise")), (ids,))
+    fused, got, want = _fuse_tiny("nemotron_h", sizes, tokens=12,
+                                  layers=["linear_attention", "moe"])  # fmt: skip
     report = fused.fxfuse_report
     targets = [str(n.target) for n in fused.graph.nodes if n.op == "call_function"]
     assert targets.count("fxfuse.rms_norm_quant_gemm_with_norm.default") == 1, str(report)
