@@ -176,8 +176,8 @@ def _hoist(graph: fx.Graph, leaves: list[fx.Node], first_user: int, pos: dict) -
         node = pending.pop()
         if node in late or pos[node] < first_user:
             continue
-        if node.op not in ("call_function", "get_attr") or node.is_impure():
-            return False
+        if node.op not in ("call_function", "get_attr") or node.is_impure() or _written(node):
+            return False  # (None: unknown writes; a non-empty set: it writes)
         late[node] = None
         pending.extend(node.all_input_nodes)
     if not late:
@@ -214,15 +214,16 @@ def _base(node: fx.Node) -> fx.Node:
 
 
 def _written(node: fx.Node) -> set[fx.Node] | None:
-    """The bases of the memory the node writes (empty when it writes none); None when that is
-    unknown: an impure Python call, or a module call other than torch.export's input guards."""
+    """The bases of the memory the node writes, from its schema's write annotations (empty when
+    it writes none); None when that is unknown: an impure Python call, or a module call other
+    than torch.export's input guards."""
     if node.op == "call_module":
         return set() if node.target == "_guards_fn" else None
-    if node.op != "call_function" or not node.is_impure():
+    if node.op != "call_function":
         return set()
     schema = getattr(node.target, "_schema", None)
-    if schema is None:
-        return None
+    if schema is None:  # a Python function: pure unless marked impure
+        return None if node.is_impure() else set()
     out = set()
     for i, arg in enumerate(schema.arguments):
         if arg.alias_info is None or not arg.alias_info.is_write:
