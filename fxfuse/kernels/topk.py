@@ -58,11 +58,12 @@ score once in the common case, spread over one program per (row, segment):
    ticket, acq_rel: every segment's stores are visible to it) finishes the row: k <= m <= CAP
    candidates (CAP, the select's tile: twice the estimate's expected count, a power of 2 in
    [2048, MULTI_CAP], at least 2 k; each count of the select costs in proportion to it) ->
-   exact select (their scores reloaded by index and made keys, a bisection from
-   below the bits the estimate shares with the largest key, then over the index bits among the
-   k-th key's ties) and the epilogue; unsorted indices and pages go straight from the
-   candidates' tile to their output slots (a cumsum of the selected), no pairs stored and
-   reloaded. Where the table sets MULTI_FINISH_WARPS (rows longer than 32K on sm90), the rows
+   exact select (their scores reloaded by index, or, where the walk stored them beside the
+   indices (MULTI_KEYS: a second kernel finishes, k >= 1024), read in order; made keys, a
+   bisection from below the bits the estimate shares with the largest key, then over the index
+   bits among the k-th key's ties) and the epilogue; unsorted indices and pages go straight
+   from the candidates' tile to their output slots (a cumsum of the selected), no pairs stored
+   and reloaded. Where the table sets MULTI_FINISH_WARPS (rows longer than 32K on sm90), the rows
    are finished instead by a second kernel, one program per row, after the collect kernel: the
    collect programs then never hold an SM slot for a row's latency-bound select.
    Otherwise the estimate missed: the bound is the k-th largest group maximum (at least k
@@ -842,16 +843,22 @@ def _take_top(
 
 @triton.jit
 def _take_candidates(
-    scores_ptr, row_off, stride_sl, idx_ptr, src, m, k, idx_bits, lo,
+    scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, src, m, k, idx_bits, lo,
     CAP: tl.constexpr, RADIX_BITS: tl.constexpr, SELECT: tl.constexpr, PAIRS: tl.constexpr,
+    KEYS: tl.constexpr,
 ):
     """(take, key, idx): the k <= m <= CAP candidates at src (the indices in the row at row_off
-    of scores whose keys are >= lo, stored by other programs: `_collect_segment`) as a CAP tile
-    of keys and indices, take marking exactly the top k, lower index first among equal keys."""
+    of scores whose keys are >= lo, stored by other programs: `_collect_segment`; with KEYS the
+    scores' fp32 bits beside them, else gathered from the row here) as a CAP tile of keys and
+    indices, take marking exactly the top k, lower index first among equal keys."""
     offs = tl.arange(0, CAP)
     valid = offs < m
     idx = tl.load(idx_ptr + src + offs, mask=valid, other=0, cache_modifier=".cg")
-    x = tl.load(scores_ptr + row_off + idx.to(tl.int64) * stride_sl, mask=valid, other=0.0)
+    if KEYS:
+        bits = tl.load(keys_ptr + src + offs, mask=valid, other=0, cache_modifier=".cg")
+        x = bits.to(tl.float32, bitcast=True)
+    else:
+        x = tl.load(scores_ptr + row_off + idx.to(tl.int64) * stride_sl, mask=valid, other=0.0)
     key = _ordered_key(x.to(tl.float32), valid)
     take = _take_top(key, idx, valid, m, k, idx_bits, lo, RADIX_BITS, SELECT, PAIRS)
     return take, key, idx
@@ -861,11 +868,12 @@ def _take_candidates(
 def _select_candidates(
     scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, src, m, k, dst, idx_bits, lo,
     CAP: tl.constexpr, RADIX_BITS: tl.constexpr, SELECT: tl.constexpr, PAIRS: tl.constexpr,
+    KEYS: tl.constexpr,
 ):
     """`_take_candidates`' top k into dst .. dst + k - 1 as (key, index) pairs (any order)."""
     take, key, idx = _take_candidates(
-        scores_ptr, row_off, stride_sl, idx_ptr, src, m, k, idx_bits, lo, CAP, RADIX_BITS,
-        SELECT, PAIRS,
+        scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, src, m, k, idx_bits, lo, CAP,
+        RADIX_BITS, SELECT, PAIRS, KEYS,
     )
     pos = dst + tl.cumsum(take.to(tl.int32), 0) - 1
     tl.store(keys_ptr + pos, key.to(tl.int32, bitcast=True), mask=take)
@@ -971,10 +979,10 @@ def _stream_columns(
 
 @triton.jit
 def _collect_segment(
-    scores_ptr, row_off, stride_sl, n_seg, seg_start, lo, idx_ptr, area, count_ptr, gmax_ptr,
-    gmax_at,
+    scores_ptr, row_off, stride_sl, n_seg, seg_start, lo, keys_ptr, idx_ptr, area, count_ptr,
+    gmax_ptr, gmax_at,
     COLLECT: tl.constexpr, GROUP_MAX: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-    CAP: tl.constexpr, PREFETCH: tl.constexpr = 1,
+    CAP: tl.constexpr, KEYS: tl.constexpr, PREFETCH: tl.constexpr = 1,
 ):
     """Stream one segment (n_seg <= 32 x BLOCK scores from row_off) once, ROWS x BLOCK scores a
     chunk: append the indices of the keys >= lo to the row's candidate area (slots from the
@@ -990,8 +998,11 @@ def _collect_segment(
     an or and a max. After the segment, one scan of the columns' counts (their masks' popcounts)
     and one atomic place every column's run in the row's area, and the columns walk their
     masks lowest bit first (the bit's position from the exponent of its float value), storing
-    indices only: the walk reloads no score (`_select_candidates` does, once per row), so its
-    steps wait on no load and convert no loaded values between layouts. Full
+    each candidate's index, and with KEYS its score's fp32 bits (reloaded from the segment just
+    streamed), which the finishing select then reads in order instead of gathering the scores
+    by index (`_multi_plan` says when: an ncu of the separate finish kernel at 256 x 128K on an
+    H100 put ~45 % of its samples on that gather from DRAM, yet the walk's reload costs the
+    collect kernel about as much where k or the rows are small). Full
     segments stream unmasked (`_stream_columns`). Per-chunk scans, reductions and atomics
     cost 106-221 us at 256 x 128K, queues in memory ~75 over the stream
     (benchmarks/experiments/topk_lanes.py)."""
@@ -1034,8 +1045,12 @@ def _collect_segment(
                 # log2 of a power of two: its float's exponent
                 bit = (low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
                 offs = (bit // ROWS) * CHUNK + (bit % ROWS) * BLOCK + cols
-                # Only the index: `_select_candidates` reloads the scores.
-                tl.store(idx_ptr + area + pos, seg_start + offs, mask=(low != 0) & (pos < CAP))
+                keep = (low != 0) & (pos < CAP)
+                tl.store(idx_ptr + area + pos, seg_start + offs, mask=keep)
+                if KEYS:
+                    x = tl.load(scores_ptr + row_off + offs * stride_sl, mask=keep, other=0.0)
+                    tl.store(keys_ptr + area + pos, x.to(tl.float32).to(tl.int32, bitcast=True),
+                             mask=keep)  # fmt: skip
                 found ^= low
                 pos += 1
 
@@ -1158,9 +1173,9 @@ def _retry_row(
         s_start = s * SEGMENT
         _collect_segment(
             scores_ptr, row_off + tl.cast(s_start, tl.int64) * stride_sl, stride_sl,
-            tl.minimum(n - s_start, SEGMENT), s_start, lo, idx_ptr, area,
+            tl.minimum(n - s_start, SEGMENT), s_start, lo, keys_ptr, idx_ptr, area,
             state + ST_RETRY_COUNT, gmax_ptr, 0,
-            True, False, ROWS, BLOCK, CAP,
+            True, False, ROWS, BLOCK, CAP, False,  # the rare retry gathers its keys
         )  # fmt: skip
     tl.debug_barrier()  # every thread's candidates stored before the select reads them
     m = tl.atomic_add(state + ST_RETRY_COUNT, 0, sem="acquire")
@@ -1169,7 +1184,7 @@ def _retry_row(
     if (m >= k) & (m <= CAP):
         _select_candidates(
             scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, area, m, k, area + CAP,
-            idx_bits, lo, CAP, RADIX_BITS, SELECT, PAIRS,
+            idx_bits, lo, CAP, RADIX_BITS, SELECT, PAIRS, False,
         )
     else:
         out_slots, n_sel = _whole_row(
@@ -1197,7 +1212,7 @@ def _topk_multi_kernel(
     ROWS: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CAP: tl.constexpr,
     AREA: tl.constexpr, K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
     SELECT: tl.constexpr, PAIRS: tl.constexpr, PREFETCH: tl.constexpr = 1,
-    FINISH: tl.constexpr = True,
+    FINISH: tl.constexpr = True, KEYS: tl.constexpr = False,
 ):
     """One program per (row of this group, segment); the row's last segment to finish
     finishes the row (see the module docstring), or, FINISH off, `_topk_finish_kernel` does
@@ -1233,9 +1248,9 @@ def _topk_multi_kernel(
         if ESTIMATE:
             lo = tl.load(state + ST_ESTIMATE).to(tl.uint32, bitcast=True)
         _collect_segment(
-            scores_ptr, seg_off, stride_sl, n_seg, seg_start, lo, idx_ptr, area,
+            scores_ptr, seg_off, stride_sl, n_seg, seg_start, lo, keys_ptr, idx_ptr, area,
             state + ST_COUNT, gmax_ptr, gmax_row + seg * BLOCK,
-            ESTIMATE, True, ROWS, BLOCK, CAP, PREFETCH,
+            ESTIMATE, True, ROWS, BLOCK, CAP, KEYS, PREFETCH,
         )
         if FINISH:
             # Every thread's stores land before the ticket (release); the last segment to
@@ -1249,7 +1264,7 @@ def _topk_multi_kernel(
                     state, out_ptr, page_table_ptr, row_to_batch_ptr, keys_ptr, idx_ptr,
                     gmax_ptr, area, gmax_row, idx_bits, pt_cols, stride_or, stride_ptb,
                     stride_ptp, EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, SEGMENT, ROWS,
-                    BLOCK, CAP, K_PAD, FB_BLOCK, RADIX_BITS, SELECT, PAIRS,
+                    BLOCK, CAP, K_PAD, FB_BLOCK, RADIX_BITS, SELECT, PAIRS, KEYS,
                 )
 
 
@@ -1261,17 +1276,18 @@ def _finish_row(
     EPILOGUE: tl.constexpr, SORT: tl.constexpr, HAS_ROW_TO_BATCH: tl.constexpr,
     LOG2_PAGE: tl.constexpr, SEGMENT: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
     CAP: tl.constexpr, K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
-    SELECT: tl.constexpr, PAIRS: tl.constexpr,
+    SELECT: tl.constexpr, PAIRS: tl.constexpr, KEYS: tl.constexpr,
 ):
     """A row whose m candidates (keys >= lo) are all collected: the exact select and the
-    epilogue, or, when the estimate missed, the retry."""
+    epilogue, or, when the estimate missed, the retry. KEYS: the walk stored the candidates'
+    score bits (`_collect_segment`)."""
     if (m >= k) & (m <= CAP):
         if SORT == SORT_NONE:
             # Unsorted indices or pages: each selected pair goes straight to its output slot
             # from the candidates' tile (no store of the pairs and reload in `_emit`).
             take, key, idx = _take_candidates(
-                scores_ptr, row_off, stride_sl, idx_ptr, area, m, k, idx_bits, lo, CAP,
-                RADIX_BITS, SELECT, PAIRS,
+                scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, area, m, k, idx_bits, lo,
+                CAP, RADIX_BITS, SELECT, PAIRS, KEYS,
             )
             slot = tl.cumsum(take.to(tl.int32), 0) - 1  # exactly k taken: slots 0 .. k - 1
             out_row = out_ptr + row64 * stride_or
@@ -1285,7 +1301,7 @@ def _finish_row(
         else:
             _select_candidates(
                 scores_ptr, row_off, stride_sl, keys_ptr, idx_ptr, area, m, k, area + CAP,
-                idx_bits, lo, CAP, RADIX_BITS, SELECT, PAIRS,
+                idx_bits, lo, CAP, RADIX_BITS, SELECT, PAIRS, KEYS,
             )
             _emit(
                 keys_ptr, idx_ptr, area + CAP, k, k, pad, row, row64, out_ptr,
@@ -1329,7 +1345,7 @@ def _topk_finish_kernel(
     # meta-parameters
     ROWS: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CAP: tl.constexpr,
     AREA: tl.constexpr, K_PAD: tl.constexpr, FB_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
-    SELECT: tl.constexpr, PAIRS: tl.constexpr,
+    SELECT: tl.constexpr, PAIRS: tl.constexpr, KEYS: tl.constexpr = False,
 ):
     """One program per row of this group, after `_topk_multi_kernel` with FINISH off: the
     row's select and epilogue (rows no longer than k were done there)."""
@@ -1351,7 +1367,7 @@ def _topk_finish_kernel(
             out_ptr, page_table_ptr, row_to_batch_ptr, keys_ptr, idx_ptr, gmax_ptr,
             local * AREA, local * (num_segments * BLOCK), idx_bits, pt_cols, stride_or,
             stride_ptb, stride_ptp, EPILOGUE, SORT, HAS_ROW_TO_BATCH, LOG2_PAGE, SEGMENT,
-            ROWS, BLOCK, CAP, K_PAD, FB_BLOCK, RADIX_BITS, SELECT, PAIRS,
+            ROWS, BLOCK, CAP, K_PAD, FB_BLOCK, RADIX_BITS, SELECT, PAIRS, KEYS,
         )
 
 
@@ -1382,10 +1398,12 @@ TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # MULTI_SAMPLE_WARPS > 0: the sample estimate's warps, else MULTI_WARPS; MULTI_BISECT_PAIRS 1:
 # the sample's and the finishing select's bisections resolve two bits a count).
 # TILE_SELECT: the descent of the register-tile selects and of the multi path's sample
-# estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT).
+# estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT). MULTI_KEYS: whether the
+# collect kernel's walk stores the candidates' scores beside their indices (1) or the finishing
+# select gathers them by index (0); -1, `_multi_plan`'s rule (MULTI_KEYS_MIN_K).
 OVERRIDE_FIELDS = (
     *TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT", "MULTI_SAMPLE_WARPS",
-    "MULTI_BISECT_PAIRS",
+    "MULTI_BISECT_PAIRS", "MULTI_KEYS",
 )  # fmt: skip
 PATHS = ("auto", "row", "multi")
 PATH_ENV = "FXFUSE_TOPK_PATH"
@@ -1397,6 +1415,11 @@ MAX_K = 2048
 # The smallest candidate tile the multi path's plan picks below MULTI_CAP (measured: 2048 for
 # k <= 512, 1.08-1.23x faster than 4096 at 64 x 128K ... 16384 x 17920; smaller tiles untimed).
 MULTI_CAP_MIN = 2048
+# The walk stores the candidates' scores where a separate kernel finishes the rows and k is at
+# least this (H100, 2026-12-07, against gathering them in the finish: 256 x 128K k 2048 110.0 ->
+# 105.2 us, 1 x 128K 25.4 -> 24.4, 64 x 128K 44.0 -> 44.2; slower at k 512, by 1-3 us, and
+# where the collect kernel finishes, 16384 x 17920 by 10 %; k 513-1023 untimed).
+MULTI_KEYS_MIN_K = 1024
 # The row path's register-tile mode (rows of length <= the table's TILE_MAX): at most this.
 MAX_TILE = 16384
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -1457,6 +1480,7 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     resolved["TILE_SELECT"] = DEFAULT_TILE_SELECT
     resolved["MULTI_SAMPLE_WARPS"] = 0
     resolved["MULTI_BISECT_PAIRS"] = 0
+    resolved["MULTI_KEYS"] = -1
     if config:
         unknown = sorted(set(config) - set(OVERRIDE_FIELDS))
         if unknown:
@@ -1494,6 +1518,7 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
           f"a power of 2 >= {2 * SAMPLE_SECTOR.value}")  # fmt: skip
     check("MULTI_ESTIMATE", lambda v: v in (0, 1), "0 or 1")
     check("MULTI_BISECT_PAIRS", lambda v: v in (0, 1), "0 or 1")
+    check("MULTI_KEYS", lambda v: v in (-1, 0, 1), "-1 (the plan's rule), 0 or 1")
     check("MULTI_PREFETCH", lambda v: v in (1, 2, 3, 4),
           "1, 2 (chunks of loads in flight) or 3, 4 (Triton's pipeliner's stages)")  # fmt: skip
     check("MULTI_FINISH_WARPS", lambda v: v == 0 or v in launch_tables.NUM_WARPS,
@@ -1689,6 +1714,8 @@ def _multi_plan(cfg: dict, rows: int, length: int, k: int) -> dict:
         "sample_warps": cfg["MULTI_SAMPLE_WARPS"] or cfg["MULTI_WARPS"],
         "estimate": cfg["MULTI_ESTIMATE"],
         "finish_warps": cfg["MULTI_FINISH_WARPS"],
+        "keys": bool(cfg["MULTI_FINISH_WARPS"] and k >= MULTI_KEYS_MIN_K
+                     if cfg["MULTI_KEYS"] < 0 else cfg["MULTI_KEYS"]),
         "launch": {"maxnreg": cfg["MULTI_MAXNREG"]} if cfg["MULTI_MAXNREG"] else {},
     }  # fmt: skip
 
@@ -1746,7 +1773,7 @@ def _launch_multi(
             ROWS=plan["rows"], BLOCK=plan["block"], CHUNKS=plan["chunks"], CAP=plan["cap"],
             AREA=plan["area"], K_PAD=plan["k_pad"], FB_BLOCK=FALLBACK_BLOCK.value,
             RADIX_BITS=SELECT_BITS.value, SELECT=cfg["TILE_SELECT"],
-            PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]),
+            PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]), KEYS=plan["keys"],
         )  # fmt: skip
         finish_warps = plan["finish_warps"]
         launch(_topk_multi_kernel, (group_rows * plan["segments"],), *args, **meta,

@@ -34,6 +34,9 @@ FINISHES = {
     "bit": {"MULTI_BISECT_PAIRS": 0},
     "pairs": {"MULTI_BISECT_PAIRS": 1},
     "kernel": {"MULTI_FINISH_WARPS": 4},  # the rows finished by a second kernel
+    # the walk stores the candidates' scores beside their indices (the select reads them)
+    "keys": {"MULTI_KEYS": 1},
+    "kernel_keys": {"MULTI_FINISH_WARPS": 4, "MULTI_KEYS": 1},
 }
 
 
@@ -109,7 +112,7 @@ def test_finishing_select_from_the_estimate(sorted, finish):
 
 
 @GEOMETRIES
-@pytest.mark.parametrize("finish", ["bit", "pairs", "kernel"])
+@pytest.mark.parametrize("finish", ["bit", "pairs", "kernel", "kernel_keys"])
 @pytest.mark.parametrize("sorted", [False, True])
 def test_sampled_estimate_and_retry(sorted, geometry, finish):
     # A 64-score sample of 300: some rows' estimates miss and retry; both must be exact.
@@ -119,7 +122,7 @@ def test_sampled_estimate_and_retry(sorted, geometry, finish):
     out, state = _indices(scores, 24, sorted=sorted, config=config)
     _check(scores, 24, out, sorted=sorted)
     # every segment took its ticket, unless a second kernel finishes the rows (no tickets)
-    tickets = 0 if finish == "kernel" else 5
+    tickets = 0 if finish.startswith("kernel") else 5
     assert state[:, topk.ST_TICKET.value].eq(tickets).all()
     retried = _retried(state)
     assert retried.any() and not retried.all()  # (seeded) both branches ran
@@ -592,3 +595,19 @@ def test_candidate_tile_from_k_and_the_sample(rows, length, k, cap):
     assert plan["cap"] == cap
     expected = max(1.5 * k, length * max(1, cfg["MULTI_SAMPLE"] // 128) / cfg["MULTI_SAMPLE"])
     assert plan["cap"] >= min(2 * expected, cfg["MULTI_CAP"]) and plan["cap"] >= 2 * k
+
+
+def test_keys_are_stored_where_a_second_kernel_finishes_long_k():
+    """MULTI_KEYS -1 (the plan's rule): the walk stores scores only where the finish kernel
+    runs and k >= MULTI_KEYS_MIN_K; 0 / 1 force it; other values are refused."""
+
+    def keys(k, **config):
+        cfg = topk._launch_config("cpu", None, 4, 8192, k, {**MULTI, **config})
+        return topk._multi_plan(cfg, 4, 8192, k)["keys"]
+
+    big = topk.MULTI_KEYS_MIN_K
+    assert keys(big, MULTI_FINISH_WARPS=4) and keys(2048, MULTI_FINISH_WARPS=8)
+    assert not keys(big - 1, MULTI_FINISH_WARPS=4) and not keys(big, MULTI_FINISH_WARPS=0)
+    assert keys(24, MULTI_KEYS=1) and not keys(2048, MULTI_FINISH_WARPS=4, MULTI_KEYS=0)
+    with pytest.raises(ValueError, match="MULTI_KEYS"):
+        keys(24, MULTI_KEYS=2)

@@ -1,0 +1,62 @@
+"""The multi-program top-k's compiled path, which cannot run here: the collect and finish
+kernels compiled for sm90 (no device needed), with and without the walk storing the
+candidates' scores (KEYS), at the catch-all entry's geometry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+_COMPILE = textwrap.dedent(
+    """
+    import json
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from fxfuse.kernels import topk
+
+    SM90 = GPUTarget("cuda", 90, 32)
+    names = ("scores_ptr", "lengths_ptr", "starts_ptr", "row_to_batch_ptr", "page_table_ptr",
+             "out_ptr", "state_ptr", "keys_ptr", "idx_ptr", "gmax_ptr")
+    pointers = {a: "*fp32" if a == "scores_ptr" else "*i32" for a in names}
+
+    def compile_one(kernel, consts, num_warps, options):
+        signature = {a: pointers.get(a, "i32") for a in kernel.arg_names}
+        signature.update({a: "constexpr" for a in consts})
+        compiled = triton.compile(ASTSource(kernel, signature, constexprs=consts), target=SM90,
+                                  options={"num_warps": num_warps, "num_stages": 3, **options})
+        return len(compiled.asm["cubin"]) > 0
+
+    meta = dict(LENGTHS=topk.LEN_ARRAY.value, HAS_STARTS=False, HAS_ROW_TO_BATCH=False,
+                EPILOGUE=topk.EPI_PAGES.value, SORT=topk.SORT_NONE.value, LOG2_PAGE=6,
+                ESTIMATE=True, ROWS=1, BLOCK=2048, CHUNKS=16, CAP=4096, AREA=8192, K_PAD=2048,
+                FB_BLOCK=topk.FALLBACK_BLOCK.value, RADIX_BITS=topk.SELECT_BITS.value,
+                SELECT=topk.SELECT_BISECT.value, PAIRS=False)
+    found = {}
+    for keys in (False, True):
+        found[f"collect:{keys}"] = compile_one(
+            topk._topk_multi_kernel, {**meta, "PREFETCH": 3, "FINISH": False, "KEYS": keys}, 8,
+            {"maxnreg": 80})
+        found[f"finish:{keys}"] = compile_one(topk._topk_finish_kernel, {**meta, "KEYS": keys},
+                                              8, {})
+    print(json.dumps(found))
+    """
+)
+
+
+def test_multi_path_kernels_compile_for_sm90():
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE], check=False, env=env, capture_output=True, text=True,
+        timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )  # fmt: skip
+    if proc.returncode and "ptxas" in proc.stderr:
+        pytest.skip(f"a GPU toolchain piece is missing: {proc.stderr.splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(found) == 4 and all(found.values()), found
