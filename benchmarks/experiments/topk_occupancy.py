@@ -21,7 +21,8 @@ reference, ties at many ranks; a variant the launcher refuses is noted and not t
 - row: the row path (one program per row) at the table's entry, the path that many rows took
   before the 2026-12-05 runs 6-8 moved them to the multi path;
 - sw16 / smp4096: the table's entry with the sample estimate at 16 warps / from 4096 scores;
-  sw1 / sw2 / sw4 at 1 / 2 / 4 warps;
+  sw1 / sw2 / sw4 at 1 / 2 / 4 warps; keys / nokeys: the walk storing the candidates' scores
+  forced on / off;
 - r2, r2nreg96, b4096nreg80: 16 scores a thread a stream step instead of 8 (two-row chunks, or
   4096-score chunks), the same 32K-score segments; pf2: the table's entry with two chunks'
   loads in flight (MULTI_PREFETCH 2); pf3 / pf4: through Triton's pipeliner (async copies to
@@ -93,6 +94,10 @@ VARIANTS = {
     "sw1": {"MULTI_SAMPLE_WARPS": 1},
     "sw2": {"MULTI_SAMPLE_WARPS": 2},
     "sw4": {"MULTI_SAMPLE_WARPS": 4},
+    # the walk storing the candidates' scores beside their indices, forced on / off (the
+    # plan's rule: on where a second kernel finishes the rows and k >= 1024)
+    "keys": {"MULTI_KEYS": 1},
+    "nokeys": {"MULTI_KEYS": 0},
     "smp4096": {"MULTI_SAMPLE": 4096},
     # more bytes in flight a stream step (ncu, 2026-12-06: 63 % of the multi kernel's stall
     # samples wait on the stream's loads, one chunk of prefetch, 8 scores a thread)
