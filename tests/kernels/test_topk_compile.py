@@ -4,13 +4,9 @@ candidates' scores (KEYS), at the catch-all entry's geometry."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
-import pytest
+from tests.helpers import compile_in_subprocess
 
 _COMPILE = textwrap.dedent(
     """
@@ -50,13 +46,5 @@ _COMPILE = textwrap.dedent(
 
 
 def test_multi_path_kernels_compile_for_sm90():
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run(
-        [sys.executable, "-c", _COMPILE], check=False, env=env, capture_output=True, text=True,
-        timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
-    )  # fmt: skip
-    if proc.returncode and "ptxas" in proc.stderr:
-        pytest.skip(f"a GPU toolchain piece is missing: {proc.stderr.splitlines()[-1]}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    found = compile_in_subprocess(_COMPILE)
     assert len(found) == 4 and all(found.values()), found
