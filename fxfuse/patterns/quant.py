@@ -43,9 +43,12 @@ amax = maybe_cast(
     torch.float32,
 )
 clamp_eps = (aten.clamp.default, aten.clamp_min.default)
+# FP8_MAX as a graph value: torch.compile(dynamic=True) passes Python floats as graph inputs
+# (they are not specialized), so the literal is unknown here; matched to say so (a near-miss).
+fp8_max = Alt(Lit("fp8_max"), Any("fp8_max_input"))
 scale = Alt(
-    Op(DIV, Op(clamp_eps, amax, Lit("eps")), Lit("fp8_max")),
-    Op(clamp_eps, Op(DIV, amax, Lit("fp8_max")), Lit("eps"), name="eps_on_scale"),
+    Op(DIV, Op(clamp_eps, amax, Lit("eps")), fp8_max),
+    Op(clamp_eps, Op(DIV, amax, fp8_max), Lit("eps"), name="eps_on_scale"),
     name="scale",
 )
 scaled = Alt(
@@ -84,6 +87,13 @@ def _guard(m: Match, ctx) -> str | None:
         return "quant input is not a float tensor"
     if not is_last_dim(m["amax_dim"], x.dim()):
         return f"amax over dim {m['amax_dim']}, not the last dim"
+    if m.get("fp8_max_input") is not None:
+        return (
+            f"scale divides by the graph value {m['fp8_max_input'].name}, not a literal: "
+            "torch.compile(dynamic=True) passes Python floats such as FP8_MAX as graph inputs; "
+            "mark the token dim dynamic instead (torch._dynamo.mark_dynamic) or set "
+            "torch._dynamo.config.specialize_float = True"
+        )
     fp8_max = float(torch.finfo(m["fp8_dtype"]).max)
     if as_float(m["fp8_max"]) != fp8_max:
         return f"scale divides by {m['fp8_max']}, not {m['fp8_dtype']}'s max {fp8_max}"

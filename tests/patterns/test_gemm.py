@@ -323,6 +323,41 @@ def test_torch_compile_backend_fuses_the_chain(reference_path):
     assert _rel(out, model(x, r)[0]) <= 1e-2
 
 
+def test_torch_compile_with_a_dynamic_token_dim_fuses_one_graph(reference_path):
+    """The serving engines' way: the token dim marked dynamic, one graph for every M, fused, on
+    both sides of the dispatch."""
+    model = NormLinear("fp8_rowwise").requires_grad_(False)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(model, backend="fxfuse")
+    for m in (40, 7, 200):
+        x, r = _inputs(m)
+        torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.mark_dynamic(r, 0)
+        out, h = compiled(x, r)
+        assert fxfuse.last_report().counts["rmsnorm_quant_gemm"] == 1, m
+        assert torch.equal(h, x + r) and _rel(out, _expected_fp8(model, x, r)) <= 1e-2, m
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_torch_compile_dynamic_true_says_why_the_quant_stays(reference_path, monkeypatch):
+    """dynamic=True passes Python floats (FP8_MAX) as graph inputs: the quant cannot be read as
+    FP8 per token, and the report says so and what to do; with floats specialized it fuses."""
+    model = NormLinear("fp8_rowwise").requires_grad_(False)
+    x, r = _inputs(40)
+    torch._dynamo.reset()
+    torch.compile(model, backend="fxfuse", dynamic=True)(x, r)  # Inductor's own numbers
+    report = fxfuse.last_report()
+    assert report.counts["rmsnorm_quant_gemm"] == 0 and report.counts["rmsnorm_quant"] == 0
+    reasons = [why for name, _, why in report.rejected if name == "rmsnorm_quant"]
+    assert reasons and all("specialize_float" in why for why in reasons), reasons
+    monkeypatch.setattr(torch._dynamo.config, "specialize_float", True)
+    torch._dynamo.reset()
+    out, _ = torch.compile(model, backend="fxfuse", dynamic=True)(x, r)
+    assert fxfuse.last_report().counts["rmsnorm_quant_gemm"] == 1
+    assert _rel(out, _expected_fp8(model, x, r)) <= 1e-2
+
+
 def test_bad_dispatch_argument_names_it():
     x = torch.randn(4, K).to(torch.bfloat16)
     w = torch.zeros(N, K, dtype=torch.float8_e4m3fn)
