@@ -74,13 +74,14 @@ class Logits(torch.nn.Module):
 def compile_in_subprocess(script: str) -> dict:
     """Runs a script that compiles kernels for a GPU target (no device needed) with the
     interpreter off, in a fresh process from the repository root; returns the JSON dict its
-    last line prints. Skips where a GPU toolchain piece (ptxas) is missing."""
+    last line prints. Skips where a GPU toolchain piece (ptxas, or lld for AMD targets) is
+    missing."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run(
         [sys.executable, "-c", script], check=False, env=env, capture_output=True, text=True,
         timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     )  # fmt: skip
-    if proc.returncode and "ptxas" in proc.stderr:
+    if proc.returncode and ("ptxas" in proc.stderr or "lld" in proc.stderr.lower()):
         pytest.skip(f"a GPU toolchain piece is missing: {proc.stderr.splitlines()[-1]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -16,8 +16,6 @@ import os
 import queue
 import signal
 import socket
-import subprocess
-import sys
 import textwrap
 import time
 import traceback
@@ -31,7 +29,7 @@ from torch.distributed import _functional_collectives as funcol
 import fxfuse
 from fxfuse.models.quant_linear import QuantLinear
 from fxfuse.runtime import allreduce_ops
-from tests.helpers import bytes_equal, fused_targets, outputs_bytes_equal
+from tests.helpers import bytes_equal, compile_in_subprocess, fused_targets, outputs_bytes_equal
 from tests.patterns.test_rms_norm_quant import (
     fxfuse_quant_group,
     group_128,
@@ -913,18 +911,7 @@ _COMPILE_CHECK = textwrap.dedent(
 def test_one_shot_kernel_compiles_for_gpu_targets():
     """The compiled path cannot run here: compile it for sm90, gfx942 and gfx950 (no device
     needed) and check the barrier's atomics are system-scope release / acquire CAS."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run(
-        [sys.executable, "-c", _COMPILE_CHECK], check=False, env=env, capture_output=True,
-        text=True,
-        timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
-    )  # fmt: skip
-    if proc.returncode and ("ptxas" in proc.stderr or "lld" in proc.stderr.lower()):
-        pytest.skip(f"a GPU toolchain piece is missing: {proc.stderr.splitlines()[-1]}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    import json
-
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    found = compile_in_subprocess(_COMPILE_CHECK)
     assert len(found) == 4, found
     for key, atomics in found.items():
         assert len(atomics) == 4, (key, atomics)  # two barriers, each a send and a receive loop
