@@ -268,13 +268,25 @@ def allreduce_rms_norm_quant_gemm(
     for x (..., K). Above prologue_quant_max_m rows the norm kernel quantizes, then the quantized
     GEMM; at or below, the norm alone, then the prequant GEMM: the same quantized bytes. Every
     rank of the group has the same M, so all ranks take the same side (and the same path)."""
-    norm_args = (weight_offset, round_before_weight, norm_dtype, reciprocal_sqrt)
-    quant_args = (quant, group_size, fp8_dtype, quant_eps, eps_on_scale, apply_reciprocal,
-                  scale_col_major, rounding)  # fmt: skip
+    return _gemm_chain(
+        x, residual, weight, group_name, eps,
+        (weight_offset, round_before_weight, norm_dtype, reciprocal_sqrt, quant, group_size,
+         fp8_dtype, quant_eps, eps_on_scale, apply_reciprocal, scale_col_major, rounding),
+        w, w_scale, out_dtype, prologue_quant_max_m,
+    )  # fmt: skip
+
+
+def _gemm_chain(x, residual, weight, group_name, eps, norm_quant, w, w_scale, out_dtype, max_m,
+                keep_norm=False):
+    """The GEMM ops' body: `run` with or without the quant (by token count) under
+    `gemm_ops.dispatch_by_rows`; norm_quant: the ops' arguments after eps up to the GEMM's."""
+    norm_args, quant_args = tuple(norm_quant[:4]), tuple(norm_quant[4:])
     return gemm_ops.dispatch_by_rows(
-        x, w, w_scale, out_dtype, dict(zip(QUANT_ARG_NAMES, quant_args)), prologue_quant_max_m,
-        lambda: run(x, residual, weight, group_name, eps, norm_args, quant_args),
+        x, w, w_scale, out_dtype, dict(zip(QUANT_ARG_NAMES, quant_args)), max_m,
+        lambda: run(x, residual, weight, group_name, eps, norm_args, quant_args,
+                    write_norm=keep_norm),
         lambda: run(x, residual, weight, group_name, eps, norm_args),
+        keep_norm,
     )  # fmt: skip
 
 
@@ -291,16 +303,11 @@ def allreduce_rms_norm_quant_gemm_with_norm(x, residual, weight, group_name, eps
     """allreduce_rms_norm_quant_gemm (the same arguments) that also returns the normed y:
     (out, h, y). y comes from the kernel that runs anyway on either side of the dispatch."""
     *norm_quant, w, w_scale, out_dtype, max_m = args
-    norm_args, quant_args = tuple(norm_quant[:4]), tuple(norm_quant[4:])
-    return gemm_ops.dispatch_by_rows(
-        x, w, w_scale, out_dtype, dict(zip(QUANT_ARG_NAMES, quant_args)), max_m,
-        lambda: run(x, residual, weight, group_name, eps, norm_args, quant_args, write_norm=True),
-        lambda: run(x, residual, weight, group_name, eps, norm_args),
-        keep_norm=True,
-    )  # fmt: skip
+    return _gemm_chain(x, residual, weight, group_name, eps, norm_quant, w, w_scale, out_dtype,
+                       max_m, keep_norm=True)
 
 
 @allreduce_rms_norm_quant_gemm_with_norm.register_fake
 def _(x, residual, weight, group_name, eps, *args):
     out, h = fxfuse.allreduce_rms_norm_quant_gemm(x, residual, weight, group_name, eps, *args)
-    return out, h, x.new_empty(x.shape, dtype=args[2] or x.dtype)  # args[2]: norm_dtype
+    return out, h, gemm_ops._norm_fake(x, args)

@@ -247,7 +247,8 @@ def _fused(x, residual, weight, eps, norm_args, quant_args, write_norm=False):
     return (*fused, _unrows(y, x)) if write_norm else fused
 
 
-def _fused_fake(x, residual, weight, norm_args, quant_args):
+def _fused_fake(x, residual, weight, norm_args, quant_args, write_norm=False):
+    """`_fused`'s outputs as empty tensors: (q, scale, h), and y last when write_norm."""
     _check_norm_args(x, weight, residual)
     y_fake = x.new_empty(x.shape, dtype=norm_args["norm_dtype"] or x.dtype)
     if quant_args["quant"] == "mxfp4":
@@ -258,7 +259,8 @@ def _fused_fake(x, residual, weight, norm_args, quant_args):
         q, scale = x.new_empty(x.shape, dtype=quant_args["fp8_dtype"]), _empty_scale(x, g, col)
     else:
         raise ValueError(f"quant: expected 'fp8' or 'mxfp4', got {quant_args['quant']!r}")
-    return q, scale, torch.empty_like(x)
+    fused = q, scale, torch.empty_like(x)
+    return (*fused, y_fake) if write_norm else fused
 
 
 def _norm_quant_args(weight_offset, round_before_weight, norm_dtype, reciprocal_sqrt, quant,
@@ -355,9 +357,8 @@ def rms_norm_quant_with_norm(x, weight, eps, *args):
 
 @rms_norm_quant_with_norm.register_fake
 def _(x, weight, eps, *args):
-    norm, quant_args = _norm_quant_args(*args)
-    q, scale, _ = _fused_fake(x, None, weight, norm, quant_args)
-    return q, scale, x.new_empty(x.shape, dtype=norm["norm_dtype"] or x.dtype)
+    q, scale, _, y = _fused_fake(x, None, weight, *_norm_quant_args(*args), write_norm=True)
+    return q, scale, y
 
 
 @fused_op("fxfuse::add_rms_norm_quant_with_norm", schema=_WITH_NORM_4)
@@ -369,6 +370,4 @@ def add_rms_norm_quant_with_norm(x, residual, weight, eps, *args):
 
 @add_rms_norm_quant_with_norm.register_fake
 def _(x, residual, weight, eps, *args):
-    norm, quant_args = _norm_quant_args(*args)
-    q, scale, h = _fused_fake(x, residual, weight, norm, quant_args)
-    return q, scale, h, x.new_empty(x.shape, dtype=norm["norm_dtype"] or x.dtype)
+    return _fused_fake(x, residual, weight, *_norm_quant_args(*args), write_norm=True)
