@@ -189,6 +189,11 @@ def _ordered(t):
     return torch.where(i < 0, -(i & sign_mask), i)
 
 
+def max_ulps(a, b) -> int:
+    """The largest distance in ulps between two float tensors of one dtype (±0 coincide)."""
+    return int((_ordered(a) - _ordered(b)).abs().max().item())
+
+
 def _quant_on(y, kw):
     if kw["quant"] == "mxfp4":
         return quant_mxfp4_ref(y, kw["rounding"])
