@@ -24,10 +24,14 @@ class NormLinear(torch.nn.Module):
         self.weight = torch.nn.Parameter((1 + 0.1 * torch.randn(K)).to(torch.bfloat16))
         self.proj = QuantLinear(torch.randn(N, K) / K**0.5, quant)
 
-    def forward(self, x, r):
+    def normed(self, x, r):
+        """(y, h): the Llama norm of h = [x + r]."""
         h = x + r if self.residual else x
         var = h.float().pow(2).mean(-1, keepdim=True)
-        y = (h.float() * torch.rsqrt(var + 1e-6)).to(torch.bfloat16) * self.weight
+        return (h.float() * torch.rsqrt(var + 1e-6)).to(torch.bfloat16) * self.weight, h
+
+    def forward(self, x, r):
+        y, h = self.normed(x, r)
         return self.proj(y), h
 
 
@@ -52,9 +56,7 @@ def _rel(a, b):
 
 def _expected_fp8(model, x, r):
     """float64 GEMM of the unfused graph's own quantized activation (SPEC §5's reference)."""
-    h = x + r if model.residual else x
-    var = h.float().pow(2).mean(-1, keepdim=True)
-    y = (h.float() * torch.rsqrt(var + 1e-6)).to(torch.bfloat16) * model.weight
+    y, _ = model.normed(x, r)
     q, s = ops.quant_fp8(y.reshape(-1, K))
     w, ws = model.proj.weight, model.proj.weight_scale.reshape(-1, 1)
     return gemm_ref.gemm_fp8_ref(q, s, w, ws, torch.float64, torch.float64)
@@ -150,9 +152,7 @@ class NormLinearRouter(NormLinear):
         self.router = torch.nn.Parameter(torch.randn(4, K))
 
     def forward(self, x, r):
-        h = x + r if self.residual else x
-        var = h.float().pow(2).mean(-1, keepdim=True)
-        y = (h.float() * torch.rsqrt(var + 1e-6)).to(torch.bfloat16) * self.weight
+        y, h = self.normed(x, r)
         y = y.reshape(-1, K) if self.rows else y
         return self.proj(y), h, y.float() @ self.router.t()
 
