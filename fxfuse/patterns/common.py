@@ -6,7 +6,7 @@ import sympy
 import torch
 from torch import fx
 
-from fxfuse.patterns.matcher import Alt, Cast, Lit, Op
+from fxfuse.patterns.matcher import Alt, Cast, Lit, Op, cast_source
 from fxfuse.patterns.rule import val
 
 aten = torch.ops.aten
@@ -74,6 +74,26 @@ def as_float(value) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value)
+
+
+def literal_wanted(node: fx.Node, what: str) -> str:
+    """Why a graph value stands where a literal (`what`: eps, FP8_MAX) must be. A graph input
+    (a Python float torch.compile(dynamic=True) did not specialize: a SymFloat, or a 0-d tensor
+    input, maybe cast) gets the reason and the two ways around it."""
+    source, dtype = cast_source(node)
+    while dtype is not None and isinstance(source, fx.Node):
+        source, dtype = cast_source(source)
+    value = val(source)
+    if isinstance(source, fx.Node) and source.op == "placeholder" and (
+        isinstance(value, (float, torch.SymFloat))
+        or (isinstance(value, torch.Tensor) and value.dim() == 0)
+    ):
+        return (
+            f"{what} is the graph input {source.name}, not a literal: torch.compile(dynamic=True) "
+            "passes Python floats as graph inputs; mark the token dim dynamic instead "
+            "(torch._dynamo.mark_dynamic) or set torch._dynamo.config.specialize_float = True"
+        )
+    return f"{what} is the graph value {node.name}, not a literal"
 
 
 def tensor_of(node, what: str) -> tuple[torch.Tensor | None, str | None]:

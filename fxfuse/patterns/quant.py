@@ -20,6 +20,7 @@ from fxfuse.patterns.common import (
     as_float,
     aten,
     is_last_dim,
+    literal_wanted,
     maybe_cast,
     sizes_of,
 )
@@ -88,12 +89,7 @@ def _guard(m: Match, ctx) -> str | None:
     if not is_last_dim(m["amax_dim"], x.dim()):
         return f"amax over dim {m['amax_dim']}, not the last dim"
     if m.get("fp8_max_input") is not None:
-        return (
-            f"scale divides by the graph value {m['fp8_max_input'].name}, not a literal: "
-            "torch.compile(dynamic=True) passes Python floats such as FP8_MAX as graph inputs; "
-            "mark the token dim dynamic instead (torch._dynamo.mark_dynamic) or set "
-            "torch._dynamo.config.specialize_float = True"
-        )
+        return literal_wanted(m["fp8_max_input"], "the scale's divisor (FP8_MAX)")
     fp8_max = float(torch.finfo(m["fp8_dtype"]).max)
     if as_float(m["fp8_max"]) != fp8_max:
         return f"scale divides by {m['fp8_max']}, not {m['fp8_dtype']}'s max {fp8_max}"

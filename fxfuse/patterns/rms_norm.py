@@ -22,6 +22,7 @@ from fxfuse.patterns.common import (
     as_float,
     aten,
     is_last_dim,
+    literal_wanted,
     maybe_cast,
     mean_spelling,
     plain_add,
@@ -40,7 +41,10 @@ h32 = maybe_cast(Any("h"), torch.float32, name="h32")
 square = Alt(
     Op(aten.pow.Tensor_Scalar, h32, 2), Op(MUL, h32, h32), Op(aten.square.default, h32)
 )
-var_eps = Op(ADD, mean_spelling(square), Lit("eps"), commutative=True, where=plain_add)
+# eps as a graph value: torch.compile(dynamic=True) passes a Python float argument (a norm
+# function's `eps`) as a graph input; matched to say so (a near-miss), as quant.py does FP8_MAX.
+eps = Alt(Lit("eps"), Any("eps_input"))
+var_eps = Op(ADD, mean_spelling(square), eps, commutative=True, where=plain_add)
 inv_rms = Alt(
     Op(aten.rsqrt.default, var_eps),
     Op(aten.reciprocal.default, Op(aten.sqrt.default, var_eps), name="reciprocal_sqrt"),
@@ -77,7 +81,7 @@ def _spellings() -> dict[str, object]:
             Any("h"),
             Lit("normalized_shape"),
             Any("w"),
-            Lit("eps"),
+            eps,
             name="aten_rms_norm",
         ),
     }
@@ -101,6 +105,8 @@ def _guard(style: str):
             return f"weight shape {tuple(w.shape)} is not per-column ({n},)"
         if w.dtype not in FLOAT_DTYPES:
             return f"weight dtype {w.dtype} is not a float dtype"
+        if m.get("eps_input") is not None:
+            return literal_wanted(m["eps_input"], "eps")
         if style == "aten":
             shape = m["normalized_shape"]
             if len(shape) != 1 or not same_size(shape[0], n):

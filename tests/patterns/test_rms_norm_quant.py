@@ -387,6 +387,44 @@ def test_normed_output_read_elsewhere_fuses_under_torch_compile(residual, refere
     assert outputs_bytes_equal(got, model(*inputs))
 
 
+class EpsArgument(nn.Module):
+    """The norm's eps passed in as a Python float (a function argument, not a module constant)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter((1 + 0.1 * torch.randn(N)).to(torch.bfloat16))
+
+    def forward(self, x, eps: float):
+        return per_token_div(llama(x, self.weight, eps))
+
+
+def test_torch_compile_dynamic_true_says_why_an_eps_argument_stays(reference_path, monkeypatch):
+    """dynamic=True passes a Python float argument (the norm's eps) as a graph input: the norm
+    cannot be read, and the report says so and what to do; with floats specialized it fuses."""
+    model, (x, _) = EpsArgument(), _inputs()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend="fxfuse", dynamic=True)(x, 1e-6)  # Inductor's own numbers
+    report = fxfuse.last_report()
+    assert report.counts["rmsnorm_quant"] == 0, str(report)
+    reasons = [why for name, _, why in report.rejected if name == "rmsnorm_quant"]
+    assert any(why.startswith("eps is the graph input") and "specialize_float" in why
+               for why in reasons), reasons
+    monkeypatch.setattr(torch._dynamo.config, "specialize_float", True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, backend="fxfuse", dynamic=True)(x, 1e-6)
+    assert fxfuse.last_report().counts["rmsnorm_quant"] == 1, str(fxfuse.last_report())
+    assert outputs_bytes_equal(got, model(x, 1e-6))
+
+
+def test_eps_that_is_a_tensor_does_not_fire(reference_path):
+    def norm(h, w):
+        return llama(h, w, torch.full((1,), 1e-6))
+
+    _assert_not_fused(Chain(norm, per_token_div, False), _inputs(), "eps is the graph value")
+
+
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_with_norm_ops_pass_opcheck(residual):
     x, r = _inputs(m=4)
