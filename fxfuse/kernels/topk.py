@@ -998,11 +998,13 @@ def _collect_segment(
     an or and a max. After the segment, one scan of the columns' counts (their masks' popcounts)
     and one atomic place every column's run in the row's area, and the columns walk their
     masks lowest bit first (the bit's position from the exponent of its float value), storing
-    each candidate's index, and with KEYS its score's fp32 bits (reloaded from the segment just
-    streamed), which the finishing select then reads in order instead of gathering the scores
+    each candidate's index; with KEYS a pass over the segment's run of slots then stores the
+    candidates' fp32 score bits (gathered from the segment just streamed), which the finishing
+    select then reads in order instead of gathering the scores
     by index (`_multi_plan` says when: an ncu of the separate finish kernel at 256 x 128K on an
-    H100 put ~45 % of its samples on that gather from DRAM, yet the walk's reload costs the
-    collect kernel about as much where k or the rows are small). Full
+    H100 put ~45 % of its samples on that gather from DRAM, yet the walk's reload, one dependent
+    load a walk step as it was then, cost the collect kernel about as much where k or the rows
+    are small). Full
     segments stream unmasked (`_stream_columns`). Per-chunk scans, reductions and atomics
     cost 106-221 us at 256 x 128K, queues in memory ~75 over the stream
     (benchmarks/experiments/topk_lanes.py)."""
@@ -1047,12 +1049,23 @@ def _collect_segment(
                 offs = (bit // ROWS) * CHUNK + (bit % ROWS) * BLOCK + cols
                 keep = (low != 0) & (pos < CAP)
                 tl.store(idx_ptr + area + pos, seg_start + offs, mask=keep)
-                if KEYS:
-                    x = tl.load(scores_ptr + row_off + offs * stride_sl, mask=keep, other=0.0)
-                    tl.store(keys_ptr + area + pos, x.to(tl.float32).to(tl.int32, bitcast=True),
-                             mask=keep)  # fmt: skip
                 found ^= low
                 pos += 1
+            if KEYS:
+                # The scores of this segment's run of slots, after the walk: the run's indices
+                # read back in order and every gather of a chunk in flight at once (the segment
+                # was just streamed: L2 hits), not one dependent reload a walk step.
+                tl.debug_barrier()  # the walk's index stores land before they are read back
+                end = tl.minimum(base + n_cand, CAP)
+                slots = tl.arange(0, CHUNK)
+                for first in range(base, end, CHUNK):
+                    at = first + slots
+                    ok = at < end
+                    i = tl.load(idx_ptr + area + at, mask=ok, other=seg_start)
+                    x = tl.load(scores_ptr + row_off + (i - seg_start) * stride_sl, mask=ok,
+                                other=0.0)  # fmt: skip
+                    tl.store(keys_ptr + area + at, x.to(tl.float32).to(tl.int32, bitcast=True),
+                             mask=ok)  # fmt: skip
 
 
 @triton.jit
