@@ -114,6 +114,11 @@ VARIANTS = {
     "c4pf3": {"MULTI_CHUNKS": 4, "MULTI_PREFETCH": 3},
     "pf1": {"MULTI_PREFETCH": 1},  # the table's entry, one chunk prefetched in registers
     "c16": {"MULTI_CHUNKS": 16},  # the table's entry with 32K-score segments
+    # segments sized for whole waves: at 256 x 128K the table's 32K-score segments make 1024
+    # programs, 2.6 waves of 3 programs on 132 SMs (the last 59 % full); 22 chunks (45056
+    # scores, 3 a row) make 768, 1.94 waves; 11 chunks (22528, 6 a row) 1536, 3.88 waves
+    "c22": {"MULTI_CHUNKS": 22},
+    "c11": {"MULTI_CHUNKS": 11},
     # the sample estimate and the finishing select by 32-bin histograms instead of bisection
     "radix": {"TILE_SELECT": 0},
     # the rows finished by a second kernel, one program of 4 / 8 / 16 warps per row
