@@ -119,6 +119,8 @@ VARIANTS = {
     # scores, 3 a row) make 768, 1.94 waves; 11 chunks (22528, 6 a row) 1536, 3.88 waves
     "c22": {"MULTI_CHUNKS": 22},
     "c11": {"MULTI_CHUNKS": 11},
+    # the finishing select's counts at interpolated points (`_interp_edge`), not per bit
+    "interp": {"MULTI_INTERP": 1},
     # the sample estimate and the finishing select by 32-bin histograms instead of bisection
     "radix": {"TILE_SELECT": 0},
     # the rows finished by a second kernel, one program of 4 / 8 / 16 warps per row

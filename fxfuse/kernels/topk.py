@@ -146,6 +146,12 @@ SELECT_BITS = tl.constexpr(5)      # 32-bin histograms: the fewest ballots per r
 # The register-tile select (`_take_top`): its descent to the k-th key.
 SELECT_RADIX = tl.constexpr(0)     # RADIX_BITS-digit histograms (tl.histogram)
 SELECT_BISECT = tl.constexpr(1)    # one count per bit, stopping at an exact k
+# The multi path's finishing select only (MULTI_INTERP): counts at points interpolated between
+# a bracket's ends (`_interp_edge`); its sample estimate then bisects.
+SELECT_INTERP = tl.constexpr(2)
+# `_interp_edge`'s interpolated counts before it halves the bracket instead (a bound on the
+# worst case: at most this plus 32 counts).
+INTERP_STEPS = tl.constexpr(16)
 # Sampled estimates by bisection resolve the key's bits down to this one: sign, exponent and 7
 # mantissa bits, a value within 1 % below the sample's rank-r score.
 ESTIMATE_LOW_BIT = tl.constexpr(16)
@@ -786,23 +792,65 @@ def _bisect_edge(v, count, need, top_bit, low_bit, t0, PAIRS: tl.constexpr):
 
 
 @triton.jit
+def _interp_edge(v, count, need, lo, hi):
+    """(t, c) with `_bisect_edge`'s meaning (t the largest uint32 with c = #(v >= t) >= need,
+    or one with c == need, whose {v >= t} is then exactly the top `need`), for a tile v whose
+    `count` >= need counted elements are all >= lo and all < hi (lo < hi). Each count is at a
+    point interpolated between the bracket's ends by their counts (regula falsi, the end kept
+    twice in a row weighted by half: Illinois), the bracket [lo, hi) shrinking to the found t;
+    after INTERP_STEPS counts, at the bracket's midpoint. A CPU simulation of the multi path's
+    finish (the top k of ~1.5 k candidates): ~10 counts for k 2048 of a Gaussian row, 5-9 for
+    uniform / log-normal / relu / random-walk rows, against the bit descent's 11-22; no better
+    where the k-th score is one of hundreds of equal ones (both resolve it to its last bit)."""
+    t_lo = tl.full((), 0, tl.uint32) + lo
+    t_hi = tl.full((), 0, tl.uint32) + hi
+    c_lo = tl.full((), 0, tl.int32) + count
+    c_hi = tl.full((), 0, tl.int32)
+    w_lo = tl.full((), 1.0, tl.float32)
+    w_hi = tl.full((), 1.0, tl.float32)
+    last = tl.full((), 0, tl.int32)  # 1: the last count raised t_lo, 2: it lowered t_hi
+    steps = tl.full((), 0, tl.int32)
+    while ((t_hi - t_lo) > 1) & (c_lo != need):
+        width = t_hi - t_lo
+        a = ((c_lo - need).to(tl.float32) + 0.5) * w_lo  # > 0
+        b = ((c_hi - need).to(tl.float32) + 0.5) * w_hi  # < 0
+        step = (a / (a - b) * width.to(tl.float32)).to(tl.uint32)
+        step = tl.where(steps >= INTERP_STEPS, width // 2, step)
+        step = tl.minimum(tl.maximum(step, 1), width - 1)
+        t = t_lo + step
+        c = tl.sum((v >= t).to(tl.int32), 0)
+        up = c >= need
+        w_hi = tl.where(up & (last == 1), w_hi * 0.5, 1.0)
+        w_lo = tl.where(~up & (last == 2), w_lo * 0.5, 1.0)
+        t_lo = tl.where(up, t, t_lo)
+        c_lo = tl.where(up, c, c_lo)
+        t_hi = tl.where(up, t_hi, t)
+        c_hi = tl.where(up, c_hi, c)
+        last = tl.where(up, 1, 2)
+        steps += 1
+    return t_lo, c_lo
+
+
+@triton.jit
 def _take_top(
     key, idx, valid, m, k, idx_bits, floor, RADIX_BITS: tl.constexpr, SELECT: tl.constexpr,
     PAIRS: tl.constexpr,
 ):
     """Mask of exactly the top min(k, m) of the m present (valid) pairs of a register tile,
     lower index first among equal keys (indices distinct, < 2**idx_bits). SELECT: the descent,
-    SELECT_BISECT (counting per bit) or SELECT_RADIX (histograms of RADIX_BITS digits).
-    floor: a key <= every valid key (0: none known); the bisection then starts below the bits
-    that floor and the largest key share (the multi path's candidates all reach its estimate:
-    ~8 fewer counts for a Gaussian row's top 1.5 %). PAIRS: see `_bisect_edge`."""
+    SELECT_BISECT (counting per bit), SELECT_RADIX (histograms of RADIX_BITS digits) or, with a
+    floor, SELECT_INTERP (`_interp_edge` between the floor and the largest key; bisecting
+    without one). floor: a key <= every valid key (0: none known); the bisection then starts
+    below the bits that floor and the largest key share (the multi path's candidates all reach
+    its estimate: ~8 fewer counts for a Gaussian row's top 1.5 %). PAIRS: see `_bisect_edge`."""
     take = valid
     if m > k:
-        if SELECT == SELECT_BISECT:
+        if SELECT != SELECT_RADIX:
             # Keys are 0 off the valid elements (`_ordered_key`, and the candidates' padding),
             # the m valid ones > 0.
             top = tl.full((), 31, tl.int32)
             t0 = tl.full((), 0, tl.uint32)
+            kmax = tl.full((), 0, tl.uint32)
             if floor > 0:
                 kmax = tl.max(key, 0)
                 # The highest bit where kmax and floor differ, from the exponent of its float
@@ -814,7 +862,12 @@ def _take_top(
                 keep = (ones << tl.maximum(high, 0).to(tl.uint32)) << 1
                 t0 = tl.where(high >= 0, kmax & keep, kmax)
                 top = tl.maximum(high, -1)
-            t, c = _bisect_edge(key, m, k, top, 0, t0, PAIRS)
+            if (SELECT == SELECT_INTERP) & (floor > 0):
+                # every valid key is in [floor, kmax]; kmax + 1 does not wrap (+inf's key is
+                # 0xFF800000, NaN ranks as -inf)
+                t, c = _interp_edge(key, m, k, floor.to(tl.uint32), kmax + 1)
+            else:
+                t, c = _bisect_edge(key, m, k, top, 0, t0, PAIRS)
             take = valid & (key >= t)
             if c != k:
                 # The k-th key t is tied: all keys above it, then its `need` lowest indices
@@ -1114,7 +1167,7 @@ def _sample_edge(key, valid, count, rank, low_bit, RADIX_BITS: tl.constexpr,
     keys reach it there: the scores then differ only below low_bit (a large common offset,
     5 + 1e-3 x), the floor would take every one of them as a candidate and the row would be
     retried, so the bisection goes on down to bit 0."""
-    if SELECT == SELECT_BISECT:
+    if SELECT != SELECT_RADIX:  # SELECT_INTERP's estimate bisects
         edge, c = _bisect_edge(key, count, rank, 31, low_bit, 0, PAIRS)
         if (low_bit > 0) & (c > rank + rank // 2):
             edge, _ = _bisect_edge(key, c, rank, low_bit - 1, 0, edge, PAIRS)
@@ -1413,10 +1466,12 @@ TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # TILE_SELECT: the descent of the register-tile selects and of the multi path's sample
 # estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT). MULTI_KEYS: whether the
 # collect kernel's walk stores the candidates' scores beside their indices (1) or the finishing
-# select gathers them by index (0); -1, `_multi_plan`'s rule (MULTI_KEYS_MIN_K).
+# select gathers them by index (0); -1, `_multi_plan`'s rule (MULTI_KEYS_MIN_K). MULTI_INTERP
+# 1: the multi path's finishing select counts at interpolated points (SELECT_INTERP) where
+# TILE_SELECT bisects.
 OVERRIDE_FIELDS = (
     *TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT", "MULTI_SAMPLE_WARPS",
-    "MULTI_BISECT_PAIRS", "MULTI_KEYS",
+    "MULTI_BISECT_PAIRS", "MULTI_KEYS", "MULTI_INTERP",
 )  # fmt: skip
 PATHS = ("auto", "row", "multi")
 PATH_ENV = "FXFUSE_TOPK_PATH"
@@ -1437,6 +1492,7 @@ MULTI_KEYS_MIN_K = 1024
 MAX_TILE = 16384
 INDEX_DTYPES = (torch.int32, torch.int64)
 DEFAULT_TILE_SELECT = SELECT_BISECT.value
+DEFAULT_MULTI_INTERP = 0
 # The interpreter runs programs one after another: a small persistent grid suffices.
 CPU_PROGRAMS = 2
 
@@ -1494,6 +1550,7 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     resolved["MULTI_SAMPLE_WARPS"] = 0
     resolved["MULTI_BISECT_PAIRS"] = 0
     resolved["MULTI_KEYS"] = -1
+    resolved["MULTI_INTERP"] = DEFAULT_MULTI_INTERP
     if config:
         unknown = sorted(set(config) - set(OVERRIDE_FIELDS))
         if unknown:
@@ -1532,6 +1589,7 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     check("MULTI_ESTIMATE", lambda v: v in (0, 1), "0 or 1")
     check("MULTI_BISECT_PAIRS", lambda v: v in (0, 1), "0 or 1")
     check("MULTI_KEYS", lambda v: v in (-1, 0, 1), "-1 (the plan's rule), 0 or 1")
+    check("MULTI_INTERP", lambda v: v in (0, 1), "0 or 1")
     check("MULTI_PREFETCH", lambda v: v in (1, 2, 3, 4),
           "1, 2 (chunks of loads in flight) or 3, 4 (Triton's pipeliner's stages)")  # fmt: skip
     check("MULTI_FINISH_WARPS", lambda v: v == 0 or v in launch_tables.NUM_WARPS,
@@ -1727,6 +1785,8 @@ def _multi_plan(cfg: dict, rows: int, length: int, k: int) -> dict:
         "sample_warps": cfg["MULTI_SAMPLE_WARPS"] or cfg["MULTI_WARPS"],
         "estimate": cfg["MULTI_ESTIMATE"],
         "finish_warps": cfg["MULTI_FINISH_WARPS"],
+        "select": (SELECT_INTERP.value if cfg["MULTI_INTERP"]
+                   and cfg["TILE_SELECT"] == SELECT_BISECT.value else cfg["TILE_SELECT"]),
         "keys": bool(cfg["MULTI_FINISH_WARPS"] and k >= MULTI_KEYS_MIN_K
                      if cfg["MULTI_KEYS"] < 0 else cfg["MULTI_KEYS"]),
         "launch": {"maxnreg": cfg["MULTI_MAXNREG"]} if cfg["MULTI_MAXNREG"] else {},
@@ -1765,7 +1825,7 @@ def _launch_multi(
                 LENGTHS=lengths_mode, HAS_STARTS=row_starts is not None,
                 SAMPLE=plan["sample"], SECTOR=SAMPLE_SECTOR.value,
                 MIN_RANK=max(1, plan["sample"] // 128), RADIX_BITS=SELECT_BITS.value,
-                SELECT=cfg["TILE_SELECT"], PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]),
+                SELECT=plan["select"], PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]),
                 num_warps=plan["sample_warps"],
             )  # fmt: skip
         args = (
@@ -1785,7 +1845,7 @@ def _launch_multi(
             LOG2_PAGE=page_size.bit_length() - 1, ESTIMATE=plan["estimate"],
             ROWS=plan["rows"], BLOCK=plan["block"], CHUNKS=plan["chunks"], CAP=plan["cap"],
             AREA=plan["area"], K_PAD=plan["k_pad"], FB_BLOCK=FALLBACK_BLOCK.value,
-            RADIX_BITS=SELECT_BITS.value, SELECT=cfg["TILE_SELECT"],
+            RADIX_BITS=SELECT_BITS.value, SELECT=plan["select"],
             PAIRS=bool(cfg["MULTI_BISECT_PAIRS"]), KEYS=plan["keys"],
         )  # fmt: skip
         finish_warps = plan["finish_warps"]

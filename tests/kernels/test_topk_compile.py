@@ -1,6 +1,7 @@
 """The multi-program top-k's compiled path, which cannot run here: the collect and finish
 kernels compiled for sm90 (no device needed), with and without the walk storing the
-candidates' scores (KEYS), at the catch-all entry's geometry."""
+candidates' scores (KEYS), and with the interpolated finishing select, at the catch-all entry's
+geometry."""
 
 from __future__ import annotations
 
@@ -40,6 +41,11 @@ _COMPILE = textwrap.dedent(
             {"maxnreg": 80})
         found[f"finish:{keys}"] = compile_one(topk._topk_finish_kernel, {**meta, "KEYS": keys},
                                               8, {})
+    # the finishing select at interpolated points (MULTI_INTERP), in either kernel
+    interp = {**meta, "SELECT": topk.SELECT_INTERP.value, "KEYS": True}
+    found["collect:interp"] = compile_one(
+        topk._topk_multi_kernel, {**interp, "PREFETCH": 3, "FINISH": True}, 8, {"maxnreg": 80})
+    found["finish:interp"] = compile_one(topk._topk_finish_kernel, interp, 8, {})
     print(json.dumps(found))
     """
 )
@@ -47,4 +53,4 @@ _COMPILE = textwrap.dedent(
 
 def test_multi_path_kernels_compile_for_sm90():
     found = compile_in_subprocess(_COMPILE)
-    assert len(found) == 4 and all(found.values()), found
+    assert len(found) == 6 and all(found.values()), found

@@ -39,6 +39,9 @@ FINISHES = {
     # the walk stores the candidates' scores beside their indices (the select reads them)
     "keys": {"MULTI_KEYS": 1},
     "kernel_keys": {"MULTI_FINISH_WARPS": 4, "MULTI_KEYS": 1},
+    # the finishing select's counts at interpolated points (in either kernel)
+    "interp": {"MULTI_INTERP": 1},
+    "kernel_interp": {"MULTI_FINISH_WARPS": 4, "MULTI_INTERP": 1},
 }
 
 
@@ -114,7 +117,8 @@ def test_finishing_select_from_the_estimate(sorted, finish):
 
 
 @GEOMETRIES
-@pytest.mark.parametrize("finish", ["bit", "pairs", "kernel", "kernel_keys"])
+@pytest.mark.parametrize("finish", ["bit", "pairs", "kernel", "kernel_keys", "interp",
+                                    "kernel_interp"])
 @pytest.mark.parametrize("sorted", [False, True])
 def test_sampled_estimate_and_retry(sorted, geometry, finish):
     # A 64-score sample of 300: some rows' estimates miss and retry; both must be exact.
@@ -227,15 +231,16 @@ def test_adversarial_rows(name, geometry):
     scores = _adversarial(name, 2, 300)
     for sorted in (False, True):
         # the finishing bisection in the collect kernel, or in a separate finish kernel
-        for finish in ({}, {"MULTI_FINISH_WARPS": 4}):
+        for finish in ({}, {"MULTI_FINISH_WARPS": 4}, FINISHES["kernel_interp"]):
             config = {**_retry_only(geometry), **finish}
             out, state = _indices(scores, 24, sorted=sorted, config=config)
             _check(scores, 24, out, sorted=sorted)
             assert (_retry_count(state) > CAP).all() == (name in OVERFLOWING)
         # with the estimate, the walk storing the scores too: segments with more candidates
         # than a chunk holds, rows past CAP (their slots not stored) retried
-        out, _ = _indices(scores, 24, sorted=sorted, config={**geometry, **FINISHES["kernel_keys"]})
-        _check(scores, 24, out, sorted=sorted)
+        for finish in ("kernel_keys", "interp"):
+            out, _ = _indices(scores, 24, sorted=sorted, config={**geometry, **FINISHES[finish]})
+            _check(scores, 24, out, sorted=sorted)
 
 
 @GEOMETRIES
@@ -345,6 +350,50 @@ def test_bisect_edge(pairs, low_bit):
             if c != need:
                 kth = int(live.sort(descending=True).values[need - 1])
                 assert t == kth & ~((1 << low_bit) - 1)
+
+
+@triton.jit
+def _interp_test_kernel(v_ptr, bounds_ptr, out_ptr, count, need, N: tl.constexpr):
+    v = tl.load(v_ptr + tl.program_id(0) * N + tl.arange(0, N)).to(tl.uint32, bitcast=True)
+    lo = tl.load(bounds_ptr + tl.program_id(0) * 2).to(tl.uint32, bitcast=True)
+    hi = tl.load(bounds_ptr + tl.program_id(0) * 2 + 1).to(tl.uint32, bitcast=True)
+    t, c = topk._interp_edge(v, count, need, lo, hi)
+    tl.store(out_ptr + tl.program_id(0) * 2, t.to(tl.int32, bitcast=True))
+    tl.store(out_ptr + tl.program_id(0) * 2 + 1, c)
+
+
+def test_interp_edge():
+    # `_bisect_edge`'s answer by interpolated counts, for brackets from tight to the whole
+    # uint32 range: c = #(v >= t) >= need and either exactly need reach t or t is the need-th
+    # largest value (ties at the k-th, a constant row, one huge outlier, keys at the range's
+    # ends); and at most INTERP_STEPS + 32 counts, so a pathological row still ends.
+    g = torch.Generator().manual_seed(3)
+    n = 128
+    rows = [torch.randint(1, 2**31, (n,), generator=g) * 2 + 1,
+            torch.randint(1, 6, (n,), generator=g),
+            (torch.randint(0, 2**12, (n,), generator=g) << 20) | 0x5,
+            torch.full((n,), 0x80000000),
+            torch.cat([torch.full((n - 1,), 7), torch.tensor([2**32 - 2])]),  # an outlier
+            torch.randint(2**32 - 300, 2**32 - 1, (n,), generator=g)]  # fmt: skip
+    v = torch.stack(rows).to(torch.int64)
+    v[:, ::9] = 0  # elements not taking part
+    live = [r[r != 0] for r in v]
+    counts = [len(r) for r in live]
+    assert len(set(counts)) == 1
+    for need in (1, 7, 50, counts[0] - 1, counts[0]):
+        for pad in (0, 1, 1000):  # the bracket [lo, hi): tight, or wider than the keys
+            bounds = torch.tensor(
+                [[max(int(r.min()) - pad, 1), min(int(r.max()) + 1 + pad, 2**32 - 1)] for r in live]
+            )
+            b32 = torch.where(bounds >= 2**31, bounds - 2**32, bounds).to(torch.int32)
+            v32 = torch.where(v >= 2**31, v - 2**32, v).to(torch.int32)
+            out = torch.empty((len(rows), 2), dtype=torch.int32)
+            _interp_test_kernel[(len(rows),)](v32, b32, out, counts[0], need, N=n)
+            for r in range(len(rows)):
+                t, c = int(out[r, 0]) & 0xFFFFFFFF, int(out[r, 1])
+                assert c == int((live[r] >= t).sum()) and c >= need, (r, need, pad)
+                if c != need:
+                    assert t == int(live[r].sort(descending=True).values[need - 1]), (r, need)
 
 
 def test_float_candidate_test_is_the_key_order():
@@ -568,8 +617,10 @@ def test_gpu_multi_adversarial(name):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("finish", [{"TILE_SELECT": 0}, {"TILE_SELECT": 1},
-                                    {"MULTI_FINISH_WARPS": 4}, {"MULTI_FINISH_WARPS": 16}],
-                         ids=["radix", "bisect", "kernel4", "kernel16"])  # fmt: skip
+                                    {"MULTI_FINISH_WARPS": 4}, {"MULTI_FINISH_WARPS": 16},
+                                    {"MULTI_INTERP": 1}, {"MULTI_INTERP": 1, "MULTI_KEYS": 0}],
+                         ids=["radix", "bisect", "kernel4", "kernel16", "interp",
+                              "interp_gather"])  # fmt: skip
 @pytest.mark.parametrize("k", [512, 2048])
 def test_gpu_finishing_selects(finish, k):
     # The multi path's finishing selects compiled, and the finish in a second kernel, over rows
