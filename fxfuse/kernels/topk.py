@@ -59,9 +59,10 @@ score once in the common case, spread over one program per (row, segment):
    candidates (CAP, the select's tile: twice the estimate's expected count, a power of 2 in
    [2048, MULTI_CAP], at least 2 k; each count of the select costs in proportion to it) ->
    exact select (their scores reloaded by index, or, where the walk stored them beside the
-   indices (MULTI_KEYS: a second kernel finishes, k >= 1024), read in order; made keys, a
-   bisection from below the bits the estimate shares with the largest key, then over the index
-   bits among the k-th key's ties) and the epilogue; unsorted indices and pages go straight
+   indices (MULTI_KEYS: a second kernel finishes, k >= 1024), read in order; made keys, counts
+   at points interpolated between the estimate and the largest key (MULTI_INTERP, the default;
+   with MULTI_INTERP 0 a bisection from below the bits the two share), then a bisection over
+   the index bits among the k-th key's ties) and the epilogue; unsorted indices and pages go straight
    from the candidates' tile to their output slots (a cumsum of the selected), no pairs stored
    and reloaded. Where the table sets MULTI_FINISH_WARPS (rows longer than 32K on sm90), the rows
    are finished instead by a second kernel, one program per row, after the collect kernel: the
@@ -146,8 +147,8 @@ SELECT_BITS = tl.constexpr(5)      # 32-bin histograms: the fewest ballots per r
 # The register-tile select (`_take_top`): its descent to the k-th key.
 SELECT_RADIX = tl.constexpr(0)     # RADIX_BITS-digit histograms (tl.histogram)
 SELECT_BISECT = tl.constexpr(1)    # one count per bit, stopping at an exact k
-# The multi path's finishing select only (MULTI_INTERP): counts at points interpolated between
-# a bracket's ends (`_interp_edge`); its sample estimate then bisects.
+# The multi path's finishing select only (MULTI_INTERP, on by default): counts at points
+# interpolated between a bracket's ends (`_interp_edge`); its sample estimate still bisects.
 SELECT_INTERP = tl.constexpr(2)
 # `_interp_edge`'s interpolated counts before it halves the bracket instead (a bound on the
 # worst case: at most this plus 32 counts).
@@ -1467,8 +1468,8 @@ TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT). MULTI_KEYS: whether the
 # collect kernel's walk stores the candidates' scores beside their indices (1) or the finishing
 # select gathers them by index (0); -1, `_multi_plan`'s rule (MULTI_KEYS_MIN_K). MULTI_INTERP
-# 1: the multi path's finishing select counts at interpolated points (SELECT_INTERP) where
-# TILE_SELECT bisects.
+# 1 (DEFAULT_MULTI_INTERP): the multi path's finishing select counts at interpolated points
+# (SELECT_INTERP) where TILE_SELECT bisects; 0: one count per bit.
 OVERRIDE_FIELDS = (
     *TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT", "MULTI_SAMPLE_WARPS",
     "MULTI_BISECT_PAIRS", "MULTI_KEYS", "MULTI_INTERP",
@@ -1492,7 +1493,11 @@ MULTI_KEYS_MIN_K = 1024
 MAX_TILE = 16384
 INDEX_DTYPES = (torch.int32, torch.int64)
 DEFAULT_TILE_SELECT = SELECT_BISECT.value
-DEFAULT_MULTI_INTERP = 0
+# The multi path's finishing select interpolates (H100, 2026-12-07, against one count per bit,
+# every shape exact: 256 x 128K k 2048 106.2 -> 104.4 us, 64 x 128K 43.9 -> 41.6, 1 x 128K
+# 24.4 -> 22.5, 1024 x 32768 140.3 -> 134.2, 16384 x 17920 1650 -> 1479; k 512 flat at
+# 256 x 128K, 3-11 % faster elsewhere; benchmarks/results/topk_interp_h100_2026-12-07.json).
+DEFAULT_MULTI_INTERP = 1
 # The interpreter runs programs one after another: a small persistent grid suffices.
 CPU_PROGRAMS = 2
 

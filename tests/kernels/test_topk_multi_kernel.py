@@ -33,15 +33,14 @@ CAP = MULTI["MULTI_CAP"]
 
 
 FINISHES = {
-    "bit": {"MULTI_BISECT_PAIRS": 0},
-    "pairs": {"MULTI_BISECT_PAIRS": 1},
+    "bit": {"MULTI_BISECT_PAIRS": 0, "MULTI_INTERP": 0},  # the finishing select per bit
+    "pairs": {"MULTI_BISECT_PAIRS": 1, "MULTI_INTERP": 0},
+    "interp": {},  # the default: counts at interpolated points (`_interp_edge`)
     "kernel": {"MULTI_FINISH_WARPS": 4},  # the rows finished by a second kernel
+    "kernel_bisect": {"MULTI_FINISH_WARPS": 4, "MULTI_INTERP": 0},
     # the walk stores the candidates' scores beside their indices (the select reads them)
     "keys": {"MULTI_KEYS": 1},
     "kernel_keys": {"MULTI_FINISH_WARPS": 4, "MULTI_KEYS": 1},
-    # the finishing select's counts at interpolated points (in either kernel)
-    "interp": {"MULTI_INTERP": 1},
-    "kernel_interp": {"MULTI_FINISH_WARPS": 4, "MULTI_INTERP": 1},
 }
 
 
@@ -117,8 +116,8 @@ def test_finishing_select_from_the_estimate(sorted, finish):
 
 
 @GEOMETRIES
-@pytest.mark.parametrize("finish", ["bit", "pairs", "kernel", "kernel_keys", "interp",
-                                    "kernel_interp"])
+@pytest.mark.parametrize("finish", ["bit", "pairs", "interp", "kernel", "kernel_bisect",
+                                    "kernel_keys"])
 @pytest.mark.parametrize("sorted", [False, True])
 def test_sampled_estimate_and_retry(sorted, geometry, finish):
     # A 64-score sample of 300: some rows' estimates miss and retry; both must be exact.
@@ -231,14 +230,14 @@ def test_adversarial_rows(name, geometry):
     scores = _adversarial(name, 2, 300)
     for sorted in (False, True):
         # the finishing bisection in the collect kernel, or in a separate finish kernel
-        for finish in ({}, {"MULTI_FINISH_WARPS": 4}, FINISHES["kernel_interp"]):
+        for finish in ({}, FINISHES["bit"], FINISHES["kernel"], FINISHES["kernel_bisect"]):
             config = {**_retry_only(geometry), **finish}
             out, state = _indices(scores, 24, sorted=sorted, config=config)
             _check(scores, 24, out, sorted=sorted)
             assert (_retry_count(state) > CAP).all() == (name in OVERFLOWING)
         # with the estimate, the walk storing the scores too: segments with more candidates
         # than a chunk holds, rows past CAP (their slots not stored) retried
-        for finish in ("kernel_keys", "interp"):
+        for finish in ("kernel_keys", "bit"):
             out, _ = _indices(scores, 24, sorted=sorted, config={**geometry, **FINISHES[finish]})
             _check(scores, 24, out, sorted=sorted)
 
@@ -616,7 +615,7 @@ def test_gpu_multi_adversarial(name):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("finish", [{"TILE_SELECT": 0}, {"TILE_SELECT": 1},
+@pytest.mark.parametrize("finish", [{"TILE_SELECT": 0}, {"TILE_SELECT": 1, "MULTI_INTERP": 0},
                                     {"MULTI_FINISH_WARPS": 4}, {"MULTI_FINISH_WARPS": 16},
                                     {"MULTI_INTERP": 1}, {"MULTI_INTERP": 1, "MULTI_KEYS": 0}],
                          ids=["radix", "bisect", "kernel4", "kernel16", "interp",
@@ -652,6 +651,21 @@ def test_candidate_tile_from_k_and_the_sample(rows, length, k, cap):
     assert plan["cap"] == cap
     expected = max(1.5 * k, length * max(1, cfg["MULTI_SAMPLE"] // 128) / cfg["MULTI_SAMPLE"])
     assert plan["cap"] >= min(2 * expected, cfg["MULTI_CAP"]) and plan["cap"] >= 2 * k
+
+
+def test_finishing_select_interpolates_unless_told_otherwise():
+    """MULTI_INTERP 1 (the default): the multi path's finishing select at interpolated points
+    where TILE_SELECT bisects; 0, or radix histograms, keep theirs; other values are refused."""
+
+    def select(**config):
+        cfg = topk._launch_config("sm90", torch.device("cuda"), 4, 8192, 64, config)
+        return topk._multi_plan(cfg, 4, 8192, 64)["select"]
+
+    assert select() == topk.SELECT_INTERP.value
+    assert select(MULTI_INTERP=0) == topk.SELECT_BISECT.value
+    assert select(TILE_SELECT=topk.SELECT_RADIX.value) == topk.SELECT_RADIX.value
+    with pytest.raises(ValueError, match="MULTI_INTERP"):
+        select(MULTI_INTERP=2)
 
 
 def test_keys_are_stored_where_a_second_kernel_finishes_long_k():
