@@ -121,6 +121,8 @@ VARIANTS = {
     "c11": {"MULTI_CHUNKS": 11},
     # the finishing select's counts at interpolated points (`_interp_edge`), not per bit
     "interp": {"MULTI_INTERP": 1},
+    "bisect": {"MULTI_INTERP": 0},  # one count per bit (the default before 2026-12-07)
+    "isample": {"MULTI_INTERP": 2},  # the sample estimate's counts interpolated too
     # the sample estimate and the finishing select by 32-bin histograms instead of bisection
     "radix": {"TILE_SELECT": 0},
     # the rows finished by a second kernel, one program of 4 / 8 / 16 warps per row

@@ -62,9 +62,9 @@ score once in the common case, spread over one program per (row, segment):
    indices (MULTI_KEYS: a second kernel finishes, k >= 1024), read in order; made keys, counts
    at points interpolated between the estimate and the largest key (MULTI_INTERP, the default;
    with MULTI_INTERP 0 a bisection from below the bits the two share), then a bisection over
-   the index bits among the k-th key's ties) and the epilogue; unsorted indices and pages go straight
-   from the candidates' tile to their output slots (a cumsum of the selected), no pairs stored
-   and reloaded. Where the table sets MULTI_FINISH_WARPS (rows longer than 32K on sm90), the rows
+   the index bits among the k-th key's ties) and the epilogue; unsorted indices and pages go
+   straight from the candidates' tile to their output slots (a cumsum of the selected), no
+   pairs stored and reloaded. Where the table sets MULTI_FINISH_WARPS (rows longer than 32K on sm90), the rows
    are finished instead by a second kernel, one program per row, after the collect kernel: the
    collect programs then never hold an SM slot for a row's latency-bound select.
    Otherwise the estimate missed: the bound is the k-th largest group maximum (at least k
@@ -147,9 +147,11 @@ SELECT_BITS = tl.constexpr(5)      # 32-bin histograms: the fewest ballots per r
 # The register-tile select (`_take_top`): its descent to the k-th key.
 SELECT_RADIX = tl.constexpr(0)     # RADIX_BITS-digit histograms (tl.histogram)
 SELECT_BISECT = tl.constexpr(1)    # one count per bit, stopping at an exact k
-# The multi path's finishing select only (MULTI_INTERP, on by default): counts at points
+# The multi path's finishing select only (MULTI_INTERP 1, the default): counts at points
 # interpolated between a bracket's ends (`_interp_edge`); its sample estimate still bisects.
 SELECT_INTERP = tl.constexpr(2)
+# MULTI_INTERP 2: the sample estimate too (`_sample_edge`).
+SELECT_INTERP_SAMPLE = tl.constexpr(3)
 # `_interp_edge`'s interpolated counts before it halves the bracket instead (a bound on the
 # worst case: at most this plus 32 counts).
 INTERP_STEPS = tl.constexpr(16)
@@ -793,25 +795,27 @@ def _bisect_edge(v, count, need, top_bit, low_bit, t0, PAIRS: tl.constexpr):
 
 
 @triton.jit
-def _interp_edge(v, count, need, lo, hi):
-    """(t, c) with `_bisect_edge`'s meaning (t the largest uint32 with c = #(v >= t) >= need,
-    or one with c == need, whose {v >= t} is then exactly the top `need`), for a tile v whose
-    `count` >= need counted elements are all >= lo and all < hi (lo < hi). Each count is at a
-    point interpolated between the bracket's ends by their counts (regula falsi, the end kept
-    twice in a row weighted by half: Illinois), the bracket [lo, hi) shrinking to the found t;
-    after INTERP_STEPS counts, at the bracket's midpoint. A CPU simulation of the multi path's
-    finish (the top k of ~1.5 k candidates): ~10 counts for k 2048 of a Gaussian row, 5-9 for
-    uniform / log-normal / relu / random-walk rows, against the bit descent's 11-22; no better
-    where the k-th score is one of hundreds of equal ones (both resolve it to its last bit)."""
+def _interp_edge(v, c_lo, need, lo, hi, c_hi, slack, min_width):
+    """(t, c, t_hi, c_hi_end) with t in [lo, hi), c = #(v >= t) >= need, for a tile v whose
+    counts at the bracket's ends are c_lo = #(v >= lo) >= need > c_hi = #(v >= hi): each count
+    at a point interpolated between the bracket's ends by their counts (regula falsi, the end
+    kept twice in a row weighted by half: Illinois), the bracket shrinking to [t, t_hi) (c_hi_end
+    its end's count), until c <= need + slack or the bracket is min_width wide; after
+    INTERP_STEPS counts, at the bracket's midpoint. With slack 0 and min_width 1 that is
+    `_bisect_edge`'s answer: the largest t with c >= need, or one with c == need, whose
+    {v >= t} is then exactly the top `need`. A CPU simulation of the multi path's finish (the
+    top k of ~1.5 k candidates): ~10 counts for k 2048 of a Gaussian row, 5-9 for uniform /
+    log-normal / relu / random-walk rows, against the bit descent's 11-22; no better where the
+    k-th score is one of hundreds of equal ones (both resolve it to its last bit)."""
     t_lo = tl.full((), 0, tl.uint32) + lo
     t_hi = tl.full((), 0, tl.uint32) + hi
-    c_lo = tl.full((), 0, tl.int32) + count
-    c_hi = tl.full((), 0, tl.int32)
+    c_lo = tl.full((), 0, tl.int32) + c_lo
+    c_hi = tl.full((), 0, tl.int32) + c_hi
     w_lo = tl.full((), 1.0, tl.float32)
     w_hi = tl.full((), 1.0, tl.float32)
     last = tl.full((), 0, tl.int32)  # 1: the last count raised t_lo, 2: it lowered t_hi
     steps = tl.full((), 0, tl.int32)
-    while ((t_hi - t_lo) > 1) & (c_lo != need):
+    while ((t_hi - t_lo) > min_width) & (c_lo - need > slack):
         width = t_hi - t_lo
         a = ((c_lo - need).to(tl.float32) + 0.5) * w_lo  # > 0
         b = ((c_hi - need).to(tl.float32) + 0.5) * w_hi  # < 0
@@ -829,7 +833,7 @@ def _interp_edge(v, count, need, lo, hi):
         c_hi = tl.where(up, c_hi, c)
         last = tl.where(up, 1, 2)
         steps += 1
-    return t_lo, c_lo
+    return t_lo, c_lo, t_hi, c_hi
 
 
 @triton.jit
@@ -863,10 +867,10 @@ def _take_top(
                 keep = (ones << tl.maximum(high, 0).to(tl.uint32)) << 1
                 t0 = tl.where(high >= 0, kmax & keep, kmax)
                 top = tl.maximum(high, -1)
-            if (SELECT == SELECT_INTERP) & (floor > 0):
+            if (SELECT >= SELECT_INTERP) & (floor > 0):
                 # every valid key is in [floor, kmax]; kmax + 1 does not wrap (+inf's key is
                 # 0xFF800000, NaN ranks as -inf)
-                t, c = _interp_edge(key, m, k, floor.to(tl.uint32), kmax + 1)
+                t, c, _, _ = _interp_edge(key, m, k, floor.to(tl.uint32), kmax + 1, 0, 0, 1)
             else:
                 t, c = _bisect_edge(key, m, k, top, 0, t0, PAIRS)
             take = valid & (key >= t)
@@ -1167,8 +1171,22 @@ def _sample_edge(key, valid, count, rank, low_bit, RADIX_BITS: tl.constexpr,
     bisection stops at low_bit (that key with its lower bits cleared) unless more than 1.5 rank
     keys reach it there: the scores then differ only below low_bit (a large common offset,
     5 + 1e-3 x), the floor would take every one of them as a candidate and the row would be
-    retried, so the bisection goes on down to bit 0."""
-    if SELECT != SELECT_RADIX:  # SELECT_INTERP's estimate bisects
+    retried, so the bisection goes on down to bit 0. SELECT_INTERP_SAMPLE: `_interp_edge`
+    between the sample's smallest and largest keys instead, stopping within rank / 32 of the
+    rank (exactly at it with low_bit 0) or at a bracket 2**low_bit wide, then on to a bracket
+    of 1 when more than 1.5 rank keys reach the edge there (a CPU simulation of 8192-score
+    samples at rank 192: 3-8 counts for Gaussian / uniform / log-normal / relu / tied rows, 8 on
+    average for random walks, plus the two extrema, against the bisection's 16)."""
+    if SELECT == SELECT_INTERP_SAMPLE:
+        kmin = tl.min(tl.where(valid, key, 0xFFFFFFFF), 0)
+        kmax = tl.max(key, 0)  # every valid key is >= 1, the others 0
+        slack = tl.where(low_bit > 0, rank // 32, 0)  # exact where the sample is the row
+        floor_width = tl.full((), 1, tl.uint32) << low_bit
+        edge, c, hi, c_hi = _interp_edge(key, count, rank, kmin, kmax + 1, 0, slack,
+                                         floor_width)  # fmt: skip
+        if (low_bit > 0) & (c > rank + rank // 2):
+            edge, _, _, _ = _interp_edge(key, c, rank, edge, hi, c_hi, slack, 1)
+    elif SELECT != SELECT_RADIX:  # SELECT_INTERP's estimate bisects
         edge, c = _bisect_edge(key, count, rank, 31, low_bit, 0, PAIRS)
         if (low_bit > 0) & (c > rank + rank // 2):
             edge, _ = _bisect_edge(key, c, rank, low_bit - 1, 0, edge, PAIRS)
@@ -1469,7 +1487,8 @@ TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # collect kernel's walk stores the candidates' scores beside their indices (1) or the finishing
 # select gathers them by index (0); -1, `_multi_plan`'s rule (MULTI_KEYS_MIN_K). MULTI_INTERP
 # 1 (DEFAULT_MULTI_INTERP): the multi path's finishing select counts at interpolated points
-# (SELECT_INTERP) where TILE_SELECT bisects; 0: one count per bit.
+# (SELECT_INTERP) where TILE_SELECT bisects; 2: its sample estimate too (SELECT_INTERP_SAMPLE);
+# 0: one count per bit.
 OVERRIDE_FIELDS = (
     *TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT", "MULTI_SAMPLE_WARPS",
     "MULTI_BISECT_PAIRS", "MULTI_KEYS", "MULTI_INTERP",
@@ -1594,7 +1613,7 @@ def _launch_config(target, device, rows, length, k, config) -> dict:
     check("MULTI_ESTIMATE", lambda v: v in (0, 1), "0 or 1")
     check("MULTI_BISECT_PAIRS", lambda v: v in (0, 1), "0 or 1")
     check("MULTI_KEYS", lambda v: v in (-1, 0, 1), "-1 (the plan's rule), 0 or 1")
-    check("MULTI_INTERP", lambda v: v in (0, 1), "0 or 1")
+    check("MULTI_INTERP", lambda v: v in (0, 1, 2), "0, 1 or 2")
     check("MULTI_PREFETCH", lambda v: v in (1, 2, 3, 4),
           "1, 2 (chunks of loads in flight) or 3, 4 (Triton's pipeliner's stages)")  # fmt: skip
     check("MULTI_FINISH_WARPS", lambda v: v == 0 or v in launch_tables.NUM_WARPS,
@@ -1790,8 +1809,9 @@ def _multi_plan(cfg: dict, rows: int, length: int, k: int) -> dict:
         "sample_warps": cfg["MULTI_SAMPLE_WARPS"] or cfg["MULTI_WARPS"],
         "estimate": cfg["MULTI_ESTIMATE"],
         "finish_warps": cfg["MULTI_FINISH_WARPS"],
-        "select": (SELECT_INTERP.value if cfg["MULTI_INTERP"]
-                   and cfg["TILE_SELECT"] == SELECT_BISECT.value else cfg["TILE_SELECT"]),
+        "select": ((SELECT_INTERP.value, SELECT_INTERP_SAMPLE.value)[cfg["MULTI_INTERP"] - 1]
+                   if cfg["MULTI_INTERP"] and cfg["TILE_SELECT"] == SELECT_BISECT.value
+                   else cfg["TILE_SELECT"]),
         "keys": bool(cfg["MULTI_FINISH_WARPS"] and k >= MULTI_KEYS_MIN_K
                      if cfg["MULTI_KEYS"] < 0 else cfg["MULTI_KEYS"]),
         "launch": {"maxnreg": cfg["MULTI_MAXNREG"]} if cfg["MULTI_MAXNREG"] else {},

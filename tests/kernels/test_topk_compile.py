@@ -46,6 +46,11 @@ _COMPILE = textwrap.dedent(
     found["collect:interp"] = compile_one(
         topk._topk_multi_kernel, {**interp, "PREFETCH": 3, "FINISH": True}, 8, {"maxnreg": 80})
     found["finish:interp"] = compile_one(topk._topk_finish_kernel, interp, 8, {})
+    # the sample estimate by interpolated counts (MULTI_INTERP 2)
+    sample = dict(LENGTHS=topk.LEN_FULL.value, HAS_STARTS=False, SAMPLE=8192, SECTOR=16,
+                  MIN_RANK=64, RADIX_BITS=topk.SELECT_BITS.value, PAIRS=False,
+                  SELECT=topk.SELECT_INTERP_SAMPLE.value)
+    found["sample:interp"] = compile_one(topk._topk_sample_kernel, sample, 8, {})
     print(json.dumps(found))
     """
 )
@@ -53,4 +58,4 @@ _COMPILE = textwrap.dedent(
 
 def test_multi_path_kernels_compile_for_sm90():
     found = compile_in_subprocess(_COMPILE)
-    assert len(found) == 6 and all(found.values()), found
+    assert len(found) == 7 and all(found.values()), found

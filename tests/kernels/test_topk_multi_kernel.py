@@ -38,6 +38,8 @@ FINISHES = {
     "interp": {},  # the default: counts at interpolated points (`_interp_edge`)
     "kernel": {"MULTI_FINISH_WARPS": 4},  # the rows finished by a second kernel
     "kernel_bisect": {"MULTI_FINISH_WARPS": 4, "MULTI_INTERP": 0},
+    "interp_sample": {"MULTI_INTERP": 2},  # the sample estimate's counts interpolated too
+    "kernel_interp_sample": {"MULTI_FINISH_WARPS": 4, "MULTI_INTERP": 2},
     # the walk stores the candidates' scores beside their indices (the select reads them)
     "keys": {"MULTI_KEYS": 1},
     "kernel_keys": {"MULTI_FINISH_WARPS": 4, "MULTI_KEYS": 1},
@@ -117,7 +119,7 @@ def test_finishing_select_from_the_estimate(sorted, finish):
 
 @GEOMETRIES
 @pytest.mark.parametrize("finish", ["bit", "pairs", "interp", "kernel", "kernel_bisect",
-                                    "kernel_keys"])
+                                    "kernel_keys", "interp_sample", "kernel_interp_sample"])
 @pytest.mark.parametrize("sorted", [False, True])
 def test_sampled_estimate_and_retry(sorted, geometry, finish):
     # A 64-score sample of 300: some rows' estimates miss and retry; both must be exact.
@@ -133,12 +135,15 @@ def test_sampled_estimate_and_retry(sorted, geometry, finish):
     assert retried.any() and not retried.all()  # (seeded) both branches ran
 
 
-@pytest.mark.parametrize("select", [0, 1], ids=["radix", "bisect"])
-def test_estimate_descents(select):
-    # The sample's rank-r key by radix histograms (exact) or by a bisection stopped at
-    # ESTIMATE_LOW_BIT (a lower edge): either way a key that r sampled scores reach.
+@pytest.mark.parametrize(("select", "interp"), [(0, 0), (1, 0), (1, 2)],
+                         ids=["radix", "bisect", "interp"])  # fmt: skip
+def test_estimate_descents(select, interp):
+    # The sample's rank-r key by radix histograms (exact), by a bisection stopped at
+    # ESTIMATE_LOW_BIT (a lower edge), or by interpolated counts stopped within rank / 32 of the
+    # rank (MULTI_INTERP 2): each a key that r sampled scores reach.
     scores = torch.randn(8, 300)
-    out, state = _indices(scores, 24, config={**MULTI, "TILE_SELECT": select})
+    config = {**MULTI, "TILE_SELECT": select, "MULTI_INTERP": interp}
+    out, state = _indices(scores, 24, config=config)
     _check(scores, 24, out)
     estimate = state[:, topk.ST_ESTIMATE.value].to(torch.int64) & 0xFFFFFFFF
     # MULTI's sample: 4 runs of 16 scores, 75 apart; rank ceil(1.5 * 24 * 64 / 300) = 8
@@ -147,6 +152,10 @@ def test_estimate_descents(select):
     rank_key = sample.sort(1, descending=True).values[:, 7]
     reached = (sample >= estimate[:, None]).sum(1)
     assert (reached >= 8).all() and (estimate <= rank_key).all()
+    if interp:  # rank 8: a slack of 8 // 32 = 0, or a bracket 2**16 wide
+        above = sample >= (estimate[:, None] + (1 << topk.ESTIMATE_LOW_BIT.value))
+        assert ((reached == 8) | (above.sum(1) < 8)).all()
+        return
     # Both descents stop early at an edge that exactly 8 reach; else the radix one is exact,
     # the bisection's low bits are cleared.
     low = (1 << topk.ESTIMATE_LOW_BIT.value) - 1 if select else 0
@@ -160,13 +169,15 @@ def test_estimate_below_the_bisection_floor():
     g = torch.Generator().manual_seed(0)
     scores = 5 + 1e-3 * torch.randn(4, 300, generator=g)
     scores[3] = -2 + 1e-4 * torch.randn(300, generator=g)
-    out, state = _indices(scores, 24)
-    _check(scores, 24, out)
-    counts = state[:, topk.ST_COUNT.value]
-    assert (counts <= CAP).all()  # the floor gave 150+ of 300 here
-    # A row retries only when its estimate, now tight, misses low (the 64-score sample's spread).
-    assert torch.equal(_retried(state), counts < 24)
-    assert not _retried(state)[:3].any()  # (seeded)
+    for interp in (0, 2):  # the sample's bisection, or its interpolated counts
+        out, state = _indices(scores, 24, config={**MULTI, "MULTI_INTERP": interp})
+        _check(scores, 24, out)
+        counts = state[:, topk.ST_COUNT.value]
+        assert (counts <= CAP).all()  # the floor gave 150+ of 300 here
+        # A row retries only when its estimate, now tight, misses low (the 64-score sample's
+        # spread).
+        assert torch.equal(_retried(state), counts < 24)
+        assert not _retried(state)[:3].any()  # (seeded)
 
 
 @GEOMETRIES
@@ -352,20 +363,26 @@ def test_bisect_edge(pairs, low_bit):
 
 
 @triton.jit
-def _interp_test_kernel(v_ptr, bounds_ptr, out_ptr, count, need, N: tl.constexpr):
+def _interp_test_kernel(v_ptr, bounds_ptr, out_ptr, count, need, slack, min_width,
+                        N: tl.constexpr):  # fmt: skip
     v = tl.load(v_ptr + tl.program_id(0) * N + tl.arange(0, N)).to(tl.uint32, bitcast=True)
     lo = tl.load(bounds_ptr + tl.program_id(0) * 2).to(tl.uint32, bitcast=True)
     hi = tl.load(bounds_ptr + tl.program_id(0) * 2 + 1).to(tl.uint32, bitcast=True)
-    t, c = topk._interp_edge(v, count, need, lo, hi)
-    tl.store(out_ptr + tl.program_id(0) * 2, t.to(tl.int32, bitcast=True))
-    tl.store(out_ptr + tl.program_id(0) * 2 + 1, c)
+    t, c, t_hi, c_hi = topk._interp_edge(v, count, need, lo, hi, 0, slack, min_width)
+    tl.store(out_ptr + tl.program_id(0) * 4, t.to(tl.int32, bitcast=True))
+    tl.store(out_ptr + tl.program_id(0) * 4 + 1, c)
+    tl.store(out_ptr + tl.program_id(0) * 4 + 2, t_hi.to(tl.int32, bitcast=True))
+    tl.store(out_ptr + tl.program_id(0) * 4 + 3, c_hi)
 
 
-def test_interp_edge():
-    # `_bisect_edge`'s answer by interpolated counts, for brackets from tight to the whole
-    # uint32 range: c = #(v >= t) >= need and either exactly need reach t or t is the need-th
-    # largest value (ties at the k-th, a constant row, one huge outlier, keys at the range's
-    # ends); and at most INTERP_STEPS + 32 counts, so a pathological row still ends.
+@pytest.mark.parametrize(("slack", "min_width"), [(0, 1), (3, 1), (0, 2**16), (5, 2**8)])
+def test_interp_edge(slack, min_width):
+    # With slack 0 and min_width 1, `_bisect_edge`'s answer by interpolated counts, for brackets
+    # from tight to the whole uint32 range: c = #(v >= t) >= need and either exactly need reach
+    # t or t is the need-th largest value (ties at the k-th, a constant row, one huge outlier,
+    # keys at the range's ends); and at most INTERP_STEPS + 32 counts, so a pathological row
+    # still ends. Looser (the sample estimate's): c <= need + slack or the final bracket
+    # [t, t_hi) at most min_width wide, with fewer than need reaching t_hi.
     g = torch.Generator().manual_seed(3)
     n = 128
     rows = [torch.randint(1, 2**31, (n,), generator=g) * 2 + 1,
@@ -386,13 +403,21 @@ def test_interp_edge():
             )
             b32 = torch.where(bounds >= 2**31, bounds - 2**32, bounds).to(torch.int32)
             v32 = torch.where(v >= 2**31, v - 2**32, v).to(torch.int32)
-            out = torch.empty((len(rows), 2), dtype=torch.int32)
-            _interp_test_kernel[(len(rows),)](v32, b32, out, counts[0], need, N=n)
+            out = torch.empty((len(rows), 4), dtype=torch.int64)
+            out32 = torch.empty((len(rows), 4), dtype=torch.int32)
+            _interp_test_kernel[(len(rows),)](v32, b32, out32, counts[0], need, slack, min_width,
+                                              N=n)  # fmt: skip
+            out = out32.to(torch.int64) & 0xFFFFFFFF
             for r in range(len(rows)):
-                t, c = int(out[r, 0]) & 0xFFFFFFFF, int(out[r, 1])
+                t, c, t_hi, c_hi = (int(x) for x in out[r])
                 assert c == int((live[r] >= t).sum()) and c >= need, (r, need, pad)
-                if c != need:
-                    assert t == int(live[r].sort(descending=True).values[need - 1]), (r, need)
+                assert c_hi == int((live[r] >= t_hi).sum()) < need and t < t_hi, (r, need, pad)
+                if (slack, min_width) == (0, 1):
+                    if c != need:
+                        kth = int(live[r].sort(descending=True).values[need - 1])
+                        assert t == kth, (r, need)
+                else:
+                    assert c <= need + slack or t_hi - t <= min_width, (r, need, pad)
 
 
 def test_float_candidate_test_is_the_key_order():
@@ -617,9 +642,10 @@ def test_gpu_multi_adversarial(name):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("finish", [{"TILE_SELECT": 0}, {"TILE_SELECT": 1, "MULTI_INTERP": 0},
                                     {"MULTI_FINISH_WARPS": 4}, {"MULTI_FINISH_WARPS": 16},
-                                    {"MULTI_INTERP": 1}, {"MULTI_INTERP": 1, "MULTI_KEYS": 0}],
+                                    {"MULTI_INTERP": 1}, {"MULTI_INTERP": 1, "MULTI_KEYS": 0},
+                                    {"MULTI_INTERP": 2}],
                          ids=["radix", "bisect", "kernel4", "kernel16", "interp",
-                              "interp_gather"])  # fmt: skip
+                              "interp_gather", "interp_sample"])  # fmt: skip
 @pytest.mark.parametrize("k", [512, 2048])
 def test_gpu_finishing_selects(finish, k):
     # The multi path's finishing selects compiled, and the finish in a second kernel, over rows
@@ -663,9 +689,10 @@ def test_finishing_select_interpolates_unless_told_otherwise():
 
     assert select() == topk.SELECT_INTERP.value
     assert select(MULTI_INTERP=0) == topk.SELECT_BISECT.value
+    assert select(MULTI_INTERP=2) == topk.SELECT_INTERP_SAMPLE.value
     assert select(TILE_SELECT=topk.SELECT_RADIX.value) == topk.SELECT_RADIX.value
     with pytest.raises(ValueError, match="MULTI_INTERP"):
-        select(MULTI_INTERP=2)
+        select(MULTI_INTERP=3)
 
 
 def test_keys_are_stored_where_a_second_kernel_finishes_long_k():
