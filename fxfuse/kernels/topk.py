@@ -64,9 +64,10 @@ score once in the common case, spread over one program per (row, segment):
    with MULTI_INTERP 0 a bisection from below the bits the two share), then a bisection over
    the index bits among the k-th key's ties) and the epilogue; unsorted indices and pages go
    straight from the candidates' tile to their output slots (a cumsum of the selected), no
-   pairs stored and reloaded. Where the table sets MULTI_FINISH_WARPS (rows longer than 32K on sm90), the rows
-   are finished instead by a second kernel, one program per row, after the collect kernel: the
-   collect programs then never hold an SM slot for a row's latency-bound select.
+   pairs stored and reloaded. Where the table sets MULTI_FINISH_WARPS (rows longer than 32K on
+   sm90), the rows are finished instead by a second kernel, one program per row, after the
+   collect kernel: the collect programs then never hold an SM slot for a row's latency-bound
+   select.
    Otherwise the estimate missed: the bound is the k-th largest group maximum (at least k
    groups, hence k scores, reach it: BLOCK >= k makes >= k groups non-empty) and the program
    retries the row itself (no second launch): it collects the keys >= the bound (for iid
@@ -1058,11 +1059,10 @@ def _collect_segment(
     masks lowest bit first (the bit's position from the exponent of its float value), storing
     each candidate's index; with KEYS a pass over the segment's run of slots then stores the
     candidates' fp32 score bits (gathered from the segment just streamed), which the finishing
-    select then reads in order instead of gathering the scores
-    by index (`_multi_plan` says when: an ncu of the separate finish kernel at 256 x 128K on an
-    H100 put ~45 % of its samples on that gather from DRAM, yet the walk's reload, one dependent
-    load a walk step as it was then, cost the collect kernel about as much where k or the rows
-    are small). Full
+    select then reads in order instead of gathering the scores by index (`_multi_plan` says
+    when: an ncu of the separate finish kernel at 256 x 128K on an H100 put ~45 % of its
+    samples on that gather from DRAM, yet the walk's reload, one dependent load a walk step as
+    it was then, cost the collect kernel about as much where k or the rows are small). Full
     segments stream unmasked (`_stream_columns`). Per-chunk scans, reductions and atomics
     cost 106-221 us at 256 x 128K, queues in memory ~75 over the stream
     (benchmarks/experiments/topk_lanes.py)."""
