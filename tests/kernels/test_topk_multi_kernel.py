@@ -679,6 +679,26 @@ def test_candidate_tile_from_k_and_the_sample(rows, length, k, cap):
     assert plan["cap"] >= min(2 * expected, cfg["MULTI_CAP"]) and plan["cap"] >= 2 * k
 
 
+@pytest.mark.parametrize("interp", [0, 1, 2], ids=["bisect", "interp", "interp_sample"])
+def test_estimate_at_the_sm90_geometry(interp):
+    # The sample estimate at the sm90 entry's geometry (an 8192-score sample of 128K-score rows,
+    # 4096 candidate slots, k 2048) over eight kinds of row: each row's candidates land between
+    # k and CAP (no retry), and the result is exact, whichever descents run.
+    g = torch.Generator().manual_seed(1)
+    n = 131072
+    rows = [torch.randn(n, generator=g), torch.rand(n, generator=g),
+            torch.randn(n, generator=g).exp(), torch.randn(n, generator=g).relu(),
+            torch.randn(n, generator=g).cumsum(0), (torch.randn(n, generator=g) * 64).round() / 64,
+            5 + 1e-3 * torch.randn(n, generator=g), 3 * torch.randn(n, generator=g) + 10]  # fmt: skip
+    scores = torch.stack(rows)
+    config = {"MULTI_BLOCK": 2048, "MULTI_ROWS": 1, "MULTI_CHUNKS": 16, "MULTI_CAP": 4096,
+              "MULTI_SAMPLE": 8192, "MULTI_FINISH_WARPS": 8, "MULTI_INTERP": interp}  # fmt: skip
+    out, state = _indices(scores, 2048, config=config)
+    _check(scores, 2048, out)
+    counts = state[:, topk.ST_COUNT.value]
+    assert not _retried(state).any() and (counts >= 2048).all() and (counts <= 4096).all(), counts
+
+
 def test_finishing_select_interpolates_unless_told_otherwise():
     """MULTI_INTERP 1 (the default): the multi path's finishing select at interpolated points
     where TILE_SELECT bisects; 0, or radix histograms, keep theirs; other values are refused."""
