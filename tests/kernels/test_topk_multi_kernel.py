@@ -686,10 +686,11 @@ def test_estimate_at_the_sm90_geometry(interp):
     # k and CAP (no retry), and the result is exact, whichever descents run.
     g = torch.Generator().manual_seed(1)
     n = 131072
-    rows = [torch.randn(n, generator=g), torch.rand(n, generator=g),
-            torch.randn(n, generator=g).exp(), torch.randn(n, generator=g).relu(),
-            torch.randn(n, generator=g).cumsum(0), (torch.randn(n, generator=g) * 64).round() / 64,
-            5 + 1e-3 * torch.randn(n, generator=g), 3 * torch.randn(n, generator=g) + 10]  # fmt: skip
+    def randn():
+        return torch.randn(n, generator=g)
+
+    rows = [randn(), torch.rand(n, generator=g), randn().exp(), randn().relu(), randn().cumsum(0),
+            (randn() * 64).round() / 64, 5 + 1e-3 * randn(), 3 * randn() + 10]  # fmt: skip
     scores = torch.stack(rows)
     config = {"MULTI_BLOCK": 2048, "MULTI_ROWS": 1, "MULTI_CHUNKS": 16, "MULTI_CAP": 4096,
               "MULTI_SAMPLE": 8192, "MULTI_FINISH_WARPS": 8, "MULTI_INTERP": interp}  # fmt: skip
