@@ -40,6 +40,7 @@ COPY_BYTES_PER_US = 4.25e12 / 1e6  # measured copy ceiling of the H200 (PERFORMA
 L2_BYTES = 60 * 2**20
 GRAPH_BELOW_US = 50.0
 PAGE_SIZE = 64
+DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}  # --dtype's names
 SHAPES = ((1, 8192), (1, 32768), (1, 131072), (64, 131072), (256, 131072), (16384, 17920))
 TOPKS = (512, 2048)
 SWEEP_SHAPES = ((1, 131072), (64, 131072), (256, 131072), (16384, 17920))
@@ -100,12 +101,12 @@ def mask_chain(scores, k):
 # inputs, timing
 
 
-def page_inputs(rows, length, device, seed, copies=1):
+def page_inputs(rows, length, device, seed, copies=1, dtype=torch.float32):
     g = torch.Generator(device=device).manual_seed(seed)
     sets = []
     pages = triton.cdiv(length, PAGE_SIZE)
     for _ in range(copies):
-        scores = torch.randn(rows, length, device=device, generator=g)
+        scores = torch.randn(rows, length, device=device, generator=g).to(dtype)
         lengths = torch.full((rows,), length, dtype=torch.int32, device=device)
         perm = torch.randperm(pages * 4, device=device, generator=g)[:pages]
         table = perm.to(torch.int32).repeat(rows, 1)
@@ -150,9 +151,11 @@ def _same_sets(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def check_page_case(
-    rows, length, k, device, sorted=False, config=None, path=None
+    rows, length, k, device, sorted=False, config=None, path=None, dtype=torch.float32
 ) -> tuple[bool, str]:
-    ((scores, lengths, table),) = page_inputs(rows, length, device, seed=rows + length + k)
+    ((scores, lengths, table),) = page_inputs(
+        rows, length, device, seed=rows + length + k, dtype=dtype
+    )
     scores[:, ::97] = 0.5  # ties at many ranks
     lengths = lengths - torch.arange(rows, device=device, dtype=torch.int32) % 1000
     out = topk.topk_page_transform(
@@ -242,15 +245,17 @@ def run_table(args, device):
             break
         for path in paths:
             ok, detail = check_page_case(
-                min(rows, 512), length, k, device, sorted, config=args.config, path=path
+                min(rows, 512), length, k, device, sorted, args.config, path, args.dtype
             )
             case = f"page_transform {rows}x{length} k={k} sorted={sorted} path={path}"
+            case += f" {DTYPES[args.dtype]}" if args.dtype != torch.float32 else ""
             checks.append({"case": case, "ok": ok})
             print(f"check {case}: {'ok' if ok else 'FAIL'} ({detail})", flush=True)
             failed |= not ok
         rows_out.append(
             time_page_row(
-                rows, length, k, sorted, device, compiled, paths, args.graph_all, args.config
+                rows, length, k, sorted, device, compiled, paths, args.graph_all, args.config,
+                args.dtype,
             )
         )
         print_row(rows_out[-1])
@@ -261,17 +266,20 @@ def run_table(args, device):
 
 
 def time_page_row(
-    rows, length, k, sorted, device, compiled, paths=("auto",), graph_all=False, config=None
-):
+    rows, length, k, sorted, device, compiled, paths=("auto",), graph_all=False, config=None,
+    dtype=torch.float32,
+):  # fmt: skip
     """fxfuse_us is the first of `paths`; a second one is timed beside it as a peer. graph_all:
     every row in CUDA graphs (fxfuse and its peers alike), as a CUDA-graph decode step runs them.
-    config: launch overrides of fxfuse's top-k (None: the launch table's)."""
-    score_bytes = rows * length * 4
+    config: launch overrides of fxfuse's top-k (None: the launch table's). dtype: the scores'
+    (the roofline reads its bytes)."""
+    score_bytes = rows * length * dtype.itemsize
     roofline_us = score_bytes / COPY_BYTES_PER_US
     graph = graph_all or roofline_us * 4 < GRAPH_BELOW_US
     sets = page_inputs(
-        rows, length, device, seed=rows * 7 + length, copies=copies_for(score_bytes, graph)
-    )
+        rows, length, device, seed=rows * 7 + length, copies=copies_for(score_bytes, graph),
+        dtype=dtype,
+    )  # fmt: skip
 
     def fused(path):
         def run(scores, lengths, table):
@@ -301,7 +309,8 @@ def time_page_row(
     peers = {name: time_us(fn, graph) for name, fn in fns.items() if name != "fxfuse"}
     again = time_us(fns["fxfuse"], graph)
     return {
-        "case": "topk_page_transform" + ("_sorted" if sorted else ""),
+        "case": "topk_page_transform" + ("_sorted" if sorted else "")
+        + (f"_{DTYPES[dtype]}" if dtype != torch.float32 else ""),
         "shape": {"rows": rows, "length": length, "topk": k},
         "fxfuse_us": round(min(first, again), 3),
         "fxfuse_spread_us": round(abs(first - again), 3),
@@ -466,12 +475,13 @@ def cpu_smoke():
         (2, 3000, 64, False, multi, "multi"),
         (2, 3000, 64, True, {**multi, "MULTI_ESTIMATE": 0}, "multi"),
     ):
-        ok, detail = check_page_case(rows, length, k, device, sorted, cfg, path)
-        print(
-            f"check page transform {rows}x{length} k={k} sorted={sorted} {cfg} path={path}: "
-            f"{'ok' if ok else 'FAIL'} ({detail})"
-        )
-        failed |= not ok
+        for dtype in DTYPES:
+            ok, detail = check_page_case(rows, length, k, device, sorted, cfg, path, dtype)
+            print(
+                f"check page transform {rows}x{length} k={k} sorted={sorted} {cfg} path={path} "
+                f"{DTYPES[dtype]}: {'ok' if ok else 'FAIL'} ({detail})"
+            )
+            failed |= not ok
     scores, lengths, table = page_inputs(2, 3000, device, 0)[0]
     chain = page_transform_chain(scores, lengths, table, 64)
     ok = _same_sets(chain, topk.topk_page_transform(scores, 64, lengths, table, PAGE_SIZE))
@@ -512,6 +522,12 @@ def main():
         type=json.loads,
         default=None,
         help="launch overrides (JSON) for the page-transform cases, e.g. a candidate table entry",
+    )
+    parser.add_argument(
+        "--dtype",
+        type=lambda name: {v: k for k, v in DTYPES.items()}[name],
+        default=torch.float32,
+        help="the page-transform rows' score dtype: fp32 (default) or bf16 (its k-th score ties)",
     )
     parser.add_argument("--no-inductor", dest="inductor", action="store_false")
     parser.add_argument(
