@@ -240,7 +240,8 @@ OVERFLOWING = {"constant", "all_neg_inf", "all_nan", "top30_equal", "signed_zero
 def test_adversarial_rows(name, geometry):
     scores = _adversarial(name, 2, 300)
     for sorted in (False, True):
-        # the finishing bisection in the collect kernel, or in a separate finish kernel
+        # the finishing select (interpolated, the default, or per bit) in the collect kernel or
+        # in a separate finish kernel
         for finish in ({}, FINISHES["bit"], FINISHES["kernel"], FINISHES["kernel_bisect"]):
             config = {**_retry_only(geometry), **finish}
             out, state = _indices(scores, 24, sorted=sorted, config=config)
@@ -380,8 +381,8 @@ def test_interp_edge(slack, min_width):
     # With slack 0 and min_width 1, `_bisect_edge`'s answer by interpolated counts, for brackets
     # from tight to the whole uint32 range: c = #(v >= t) >= need and either exactly need reach
     # t or t is the need-th largest value (ties at the k-th, a constant row, one huge outlier,
-    # keys at the range's ends); and at most INTERP_STEPS + 32 counts, so a pathological row
-    # still ends. Looser (the sample estimate's): c <= need + slack or the final bracket
+    # keys at the range's ends), the outlier row ending too (after INTERP_STEPS counts the
+    # bracket halves). Looser (the sample estimate's): c <= need + slack or the final bracket
     # [t, t_hi) at most min_width wide, with fewer than need reaching t_hi.
     g = torch.Generator().manual_seed(3)
     n = 128
@@ -403,7 +404,6 @@ def test_interp_edge(slack, min_width):
             )
             b32 = torch.where(bounds >= 2**31, bounds - 2**32, bounds).to(torch.int32)
             v32 = torch.where(v >= 2**31, v - 2**32, v).to(torch.int32)
-            out = torch.empty((len(rows), 4), dtype=torch.int64)
             out32 = torch.empty((len(rows), 4), dtype=torch.int32)
             _interp_test_kernel[(len(rows),)](v32, b32, out32, counts[0], need, slack, min_width,
                                               N=n)  # fmt: skip
