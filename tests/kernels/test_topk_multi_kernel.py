@@ -700,6 +700,31 @@ def test_estimate_at_the_sm90_geometry(interp):
     assert not _retried(state).any() and (counts >= 2048).all() and (counts <= 4096).all(), counts
 
 
+def test_page_transform_at_the_sm90_entry():
+    # The shipped sm90 entry as it is (32K-score segments, an 8192-score sample, the finish
+    # kernel, the scores stored by the walk, the interpolated finish) at the DSA shape's row
+    # length, page size 64 through a permuted table: Gaussian, uniform, 1/64-quantized (ties
+    # everywhere), ties every 97th score, bf16-valued rows; full, short by 1 and 1000, 70000
+    # (a partial last segment) and 2500 (the sample is the whole row); unsorted and sorted.
+    g = torch.Generator().manual_seed(7)
+    rows, n, k, page = 6, 131072, 2048, 64
+    scores = torch.randn(rows, n, generator=g)
+    scores[1] = torch.rand(n, generator=g)
+    scores[2] = (torch.randn(n, generator=g) * 64).round() / 64
+    scores[3, ::97] = 0.5
+    scores[4] = torch.randn(n, generator=g).to(torch.bfloat16).float()
+    lengths = torch.tensor([n, n - 1, n - 1000, 70000, n, 2500], dtype=torch.int32)
+    pages = n // page
+    table = torch.stack([torch.randperm(2 * pages, generator=g)[:pages] for _ in range(rows)])
+    table = table.to(torch.int32)
+    for sorted, r in ((False, rows), (True, 2)):
+        out = topk.topk_page_transform(scores[:r], k, lengths[:r], table[:r], page, sorted=sorted,
+                                       target="sm90", path="multi")  # fmt: skip
+        ref = topk_ref.topk_page_transform_ref(scores[:r], k, lengths[:r], table[:r], page,
+                                               sorted=sorted)  # fmt: skip
+        assert torch.equal(out, ref) if sorted else torch.equal(_set(out), _set(ref))
+
+
 def test_finishing_select_interpolates_unless_told_otherwise():
     """MULTI_INTERP 1 (the default): the multi path's finishing select at interpolated points
     where TILE_SELECT bisects; 0, or radix histograms, keep theirs; other values are refused."""
