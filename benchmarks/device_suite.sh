@@ -61,6 +61,12 @@ for s in $STEPS; do
     split_cat_install)  # the sweep's sm90 entries into the table before timing with it
       install_sm90 gemm_split_cat "$RES/gemm_split_cat_sweep_sm90.json" ;;
     topk) step topk "${T_TOPK:-70}" python benchmarks/bench_topk.py --budget-s ${TOPK_BUDGET:-55} ${TOPK_ARGS:-} --out "$RES" ;;
+    topk_bf16)  # the page transform over bf16 scores (their k-th score ties), into $RES/bf16
+      step topk_bf16 "${T_TOPK:-70}" python benchmarks/bench_topk.py --dtype bf16 --no-families \
+        --budget-s ${TOPK_BUDGET:-55} ${TOPK_ARGS:-} --out "$RES/bf16" ;;
+    topk_isample)  # the sample estimate by interpolated counts (MULTI_INTERP 2) against the table
+      step topk_isample "${T_ISAMPLE:-150}" python benchmarks/experiments/topk_occupancy.py \
+        --variants table,isample --shapes 256x131072,64x131072,1x131072,16384x17920 --out "$RES" ;;
     rms_midm) PYTHONPATH=$PWD:$PWD/benchmarks step rms_midm "${T_MIDM:-150}" python benchmarks/experiments/rms_midm_probe.py ;;
     layer_profile) step layer_profile "${T_PROFILE:-150}" python benchmarks/experiments/layer_profile.py ${PROFILE_ARGS:-} ;;
     oneshot) step oneshot "${T_ONESHOT:-90}" python benchmarks/experiments/oneshot_world1.py --out "$RES" ;;
