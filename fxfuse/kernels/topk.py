@@ -854,25 +854,26 @@ def _take_top(
         if SELECT != SELECT_RADIX:
             # Keys are 0 off the valid elements (`_ordered_key`, and the candidates' padding),
             # the m valid ones > 0.
-            top = tl.full((), 31, tl.int32)
-            t0 = tl.full((), 0, tl.uint32)
             kmax = tl.full((), 0, tl.uint32)
             if floor > 0:
                 kmax = tl.max(key, 0)
-                # The highest bit where kmax and floor differ, from the exponent of its float
-                # (rounding may make it one too high: fewer shared bits, still shared).
-                d = kmax ^ floor.to(tl.uint32)
-                high = (d.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
-                high = tl.minimum(high, 31)  # -127 when d == 0: every key is kmax
-                ones = tl.full((), 0xFFFFFFFF, tl.uint32)
-                keep = (ones << tl.maximum(high, 0).to(tl.uint32)) << 1
-                t0 = tl.where(high >= 0, kmax & keep, kmax)
-                top = tl.maximum(high, -1)
             if (SELECT >= SELECT_INTERP) & (floor > 0):
                 # every valid key is in [floor, kmax]; kmax + 1 does not wrap (+inf's key is
                 # 0xFF800000, NaN ranks as -inf)
                 t, c, _, _ = _interp_edge(key, m, k, floor.to(tl.uint32), kmax + 1, 0, 0, 1)
             else:
+                top = tl.full((), 31, tl.int32)
+                t0 = tl.full((), 0, tl.uint32)
+                if floor > 0:
+                    # The highest bit where kmax and floor differ, from the exponent of its
+                    # float (rounding may make it one too high: fewer shared bits, still shared).
+                    d = kmax ^ floor.to(tl.uint32)
+                    high = (d.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
+                    high = tl.minimum(high, 31)  # -127 when d == 0: every key is kmax
+                    ones = tl.full((), 0xFFFFFFFF, tl.uint32)
+                    keep = (ones << tl.maximum(high, 0).to(tl.uint32)) << 1
+                    t0 = tl.where(high >= 0, kmax & keep, kmax)
+                    top = tl.maximum(high, -1)
                 t, c = _bisect_edge(key, m, k, top, 0, t0, PAIRS)
             take = valid & (key >= t)
             if c != k:
