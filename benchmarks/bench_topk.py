@@ -525,9 +525,9 @@ def main():
     )
     parser.add_argument(
         "--dtype",
-        type=lambda name: {v: k for k, v in DTYPES.items()}[name],
-        default=torch.float32,
-        help="the page-transform rows' score dtype: fp32 (default) or bf16 (its k-th score ties)",
+        choices=list(DTYPES.values()),
+        default=DTYPES[torch.float32],
+        help="the page-transform rows' score dtype (bf16: its k-th score ties)",
     )
     parser.add_argument("--no-inductor", dest="inductor", action="store_false")
     parser.add_argument(
@@ -542,6 +542,7 @@ def main():
         help="skip timing the block table and mask",
     )
     args = parser.parse_args()
+    args.dtype = next(dtype for dtype, name in DTYPES.items() if name == args.dtype)
     if args.cpu_smoke:
         return cpu_smoke()
     if not torch.cuda.is_available():
