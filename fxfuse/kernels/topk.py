@@ -48,8 +48,10 @@ row_starts; dispatch by the launch table's MULTI_MIN_LENGTH / MULTI_MIN_ELEMENTS
 score once in the common case, spread over one program per (row, segment):
 0. Sample (one program per row): MULTI_SAMPLE scores in evenly spaced runs of 16; the estimate
    is the rank-r key of the sample with r = 1.5 k · sample / n (>= sample / 128), the exact
-   k-th key when the row fits the sample. About 1.5 k of the row's keys reach it. The program
-   also zeroes the row's other state words.
+   k-th key when the row fits the sample. About 1.5 k of the row's keys reach it. Found by
+   counts at interpolated points between the sample's extremes (MULTI_INTERP 2, the default;
+   else a bisection down to ESTIMATE_LOW_BIT). The program also zeroes the row's other state
+   words.
 1. Collect (one program per segment of MULTI_ROWS x MULTI_BLOCK x MULTI_CHUNKS scores):
    stream the segment once, each column's candidates (keys >= the estimate, tested on the
    floats) kept as a bit mask in registers, then their indices placed in the row's candidate
@@ -60,14 +62,14 @@ score once in the common case, spread over one program per (row, segment):
    [2048, MULTI_CAP], at least 2 k; each count of the select costs in proportion to it) ->
    exact select (their scores reloaded by index, or, where the walk stored them beside the
    indices (MULTI_KEYS: a second kernel finishes, k >= 1024), read in order; made keys, counts
-   at points interpolated between the estimate and the largest key (MULTI_INTERP, the default;
-   with MULTI_INTERP 0 a bisection from below the bits the two share), then a bisection over
-   the index bits among the k-th key's ties) and the epilogue; unsorted indices and pages go
-   straight from the candidates' tile to their output slots (a cumsum of the selected), no
-   pairs stored and reloaded. Where the table sets MULTI_FINISH_WARPS (rows longer than 32K on
-   sm90), the rows are finished instead by a second kernel, one program per row, after the
-   collect kernel: the collect programs then never hold an SM slot for a row's latency-bound
-   select.
+   at points interpolated between the estimate and the largest key (MULTI_INTERP >= 1, the
+   default; with MULTI_INTERP 0 a bisection from below the bits the two share), then a
+   bisection over the index bits among the k-th key's ties) and the epilogue; unsorted indices
+   and pages go straight from the candidates' tile to their output slots (a cumsum of the
+   selected), no pairs stored and reloaded. Where the table sets MULTI_FINISH_WARPS (rows
+   longer than 32K on sm90), the rows are finished instead by a second kernel, one program per
+   row, after the collect kernel: the collect programs then never hold an SM slot for a row's
+   latency-bound select.
    Otherwise the estimate missed: the bound is the k-th largest group maximum (at least k
    groups, hence k scores, reach it: BLOCK >= k makes >= k groups non-empty) and the program
    retries the row itself (no second launch): it collects the keys >= the bound (for iid
@@ -148,10 +150,10 @@ SELECT_BITS = tl.constexpr(5)      # 32-bin histograms: the fewest ballots per r
 # The register-tile select (`_take_top`): its descent to the k-th key.
 SELECT_RADIX = tl.constexpr(0)     # RADIX_BITS-digit histograms (tl.histogram)
 SELECT_BISECT = tl.constexpr(1)    # one count per bit, stopping at an exact k
-# The multi path's finishing select only (MULTI_INTERP 1, the default): counts at points
-# interpolated between a bracket's ends (`_interp_edge`); its sample estimate still bisects.
+# The multi path's finishing select only (MULTI_INTERP 1): counts at points interpolated
+# between a bracket's ends (`_interp_edge`); its sample estimate still bisects.
 SELECT_INTERP = tl.constexpr(2)
-# MULTI_INTERP 2: the sample estimate too (`_sample_edge`).
+# MULTI_INTERP 2, the default: the sample estimate too (`_sample_edge`).
 SELECT_INTERP_SAMPLE = tl.constexpr(3)
 # `_interp_edge`'s interpolated counts before it halves the bracket instead (a bound on the
 # worst case: at most this plus 32 counts).
@@ -1487,9 +1489,9 @@ TABLE_FIELDS = (*CONFIG_FIELDS, *MULTI_FIELDS)
 # estimate, SELECT_RADIX or SELECT_BISECT (default DEFAULT_TILE_SELECT). MULTI_KEYS: whether the
 # collect kernel's walk stores the candidates' scores beside their indices (1) or the finishing
 # select gathers them by index (0); -1, `_multi_plan`'s rule (MULTI_KEYS_MIN_K). MULTI_INTERP
-# 1 (DEFAULT_MULTI_INTERP): the multi path's finishing select counts at interpolated points
-# (SELECT_INTERP) where TILE_SELECT bisects; 2: its sample estimate too (SELECT_INTERP_SAMPLE);
-# 0: one count per bit.
+# 1: the multi path's finishing select counts at interpolated points (SELECT_INTERP) where
+# TILE_SELECT bisects; 2 (DEFAULT_MULTI_INTERP): its sample estimate too
+# (SELECT_INTERP_SAMPLE); 0: one count per bit.
 OVERRIDE_FIELDS = (
     *TABLE_FIELDS, "SEGMENTS", "MULTI_ESTIMATE", "TILE_SELECT", "MULTI_SAMPLE_WARPS",
     "MULTI_BISECT_PAIRS", "MULTI_KEYS", "MULTI_INTERP",
@@ -1517,7 +1519,11 @@ DEFAULT_TILE_SELECT = SELECT_BISECT.value
 # every shape exact: 256 x 128K k 2048 106.2 -> 104.4 us, 64 x 128K 43.9 -> 41.6, 1 x 128K
 # 24.4 -> 22.5, 1024 x 32768 140.3 -> 134.2, 16384 x 17920 1650 -> 1479; k 512 flat at
 # 256 x 128K, 3-11 % faster elsewhere; benchmarks/results/topk_interp_h100_2026-12-07.json).
-DEFAULT_MULTI_INTERP = 1
+# Its sample estimate too (2; H100, 2026-12-07, against 1, every shape exact and faster, both
+# rounds: 256 x 128K k 2048 103.6 -> 100.5 us (the sample kernel 15.6 -> 12.5), k 512 89.9 ->
+# 88.5; 64 x 128K 41.4 -> 40.8; 1 x 128K 22.6 -> 20.0; 16384 x 17920 1476 -> 1434 and 1091 ->
+# 1033; 1024 x 32768 132.7 -> 131.4; benchmarks/results/topk_isample_h100_2026-12-07.json).
+DEFAULT_MULTI_INTERP = 2
 # The interpreter runs programs one after another: a small persistent grid suffices.
 CPU_PROGRAMS = 2
 

@@ -726,14 +726,16 @@ def test_page_transform_at_the_sm90_entry():
 
 
 def test_finishing_select_interpolates_unless_told_otherwise():
-    """MULTI_INTERP 1 (the default): the multi path's finishing select at interpolated points
-    where TILE_SELECT bisects; 0, or radix histograms, keep theirs; other values are refused."""
+    """MULTI_INTERP 2 (the default): the multi path's sample estimate and finishing select at
+    interpolated points where TILE_SELECT bisects; 1 the finishing select only; 0, or radix
+    histograms, keep theirs; other values are refused."""
 
     def select(**config):
         cfg = topk._launch_config("sm90", torch.device("cuda"), 4, 8192, 64, config)
         return topk._multi_plan(cfg, 4, 8192, 64)["select"]
 
-    assert select() == topk.SELECT_INTERP.value
+    assert select() == topk.SELECT_INTERP_SAMPLE.value
+    assert select(MULTI_INTERP=1) == topk.SELECT_INTERP.value
     assert select(MULTI_INTERP=0) == topk.SELECT_BISECT.value
     assert select(MULTI_INTERP=2) == topk.SELECT_INTERP_SAMPLE.value
     assert select(TILE_SELECT=topk.SELECT_RADIX.value) == topk.SELECT_RADIX.value
