@@ -41,9 +41,9 @@ reference, ties at many ranks; a variant the launcher refuses is noted and not t
 
     PYTHONPATH=. python benchmarks/experiments/topk_occupancy.py [--out DIR] [--rounds 2]
         [--old FILE.py]  # also "old": the table's entry with kernels/topk.py as in FILE.py
-        [--shapes 16384x17920,1024x32768] [--variants row,table,w8c4nreg80]
+        [--shapes 16384x17920,1024x32768] [--variants row,table,w8c4nreg80] [--dtype bf16]
 
-Page transform (fp32 randn, full lengths, page size 64) in CUDA graphs, inputs rotated past L2
+Page transform (randn scores, fp32 unless --dtype, full lengths, page size 64) in CUDA graphs, inputs rotated past L2
 as in bench_topk. Rows go to topk_occupancy.jsonl as they come.
 """
 
@@ -157,6 +157,8 @@ def main(argv=None) -> None:
                    help="NAME=FILE.py: a patched kernels/topk.py timed as variant NAME")
     p.add_argument("--unchecked", default="", help="variants timed without the check")
     p.add_argument("--shapes", type=_shapes, default=list(SHAPES), help="rows x length list")
+    p.add_argument("--dtype", choices=list(bt.DTYPES.values()), default="fp32",
+                   help="the scores' dtype (bf16: the k-th score tied tens of times)")
     args = p.parse_args(argv)
     modules = {}
     if args.old:
@@ -171,6 +173,7 @@ def main(argv=None) -> None:
         spec.loader.exec_module(mod)
         modules[name] = mod
     unchecked = set(filter(None, args.unchecked.split(",")))
+    dtype = {v: t for t, v in bt.DTYPES.items()}[args.dtype]
     os.makedirs(args.out, exist_ok=True)
     device = torch.device("cuda")
     extra = [n for n in modules if n != "old"]
@@ -190,14 +193,14 @@ def main(argv=None) -> None:
                 bt.topk = modules.get(name, topk)  # check_page_case calls bt.topk
                 try:
                     ok, why = bt.check_page_case(rows, length, k, device, config=configs[name],
-                                                 path=_path(name))  # fmt: skip
+                                                 path=_path(name), dtype=dtype)  # fmt: skip
                 except ValueError as e:  # a variant the launcher refuses: noted, not timed
                     why = f"refused: {e}"
                 except Exception as e:  # a variant that fails to compile or run: noted, not timed
                     why = f"failed: {type(e).__name__}: {str(e)[:300]}"
                 checked[name] = why
             bt.topk = topk
-            sets = bt.page_inputs(rows, length, device, seed=rows + k,
+            sets = bt.page_inputs(rows, length, device, seed=rows + k, dtype=dtype,
                                   copies=bt.copies_for(rows * length * 4, True))  # fmt: skip
 
             def make(name):
@@ -217,8 +220,9 @@ def main(argv=None) -> None:
             for _ in range(args.rounds):
                 for n, fn in fns.items():
                     times[n].append(round(bt.time_us(fn, graph=True), 2))
-            row = {"rows": rows, "length": length, "k": k, "us": times, "checks": checked,
-                   "roofline_us": round(rows * length * 4 / bt.COPY_BYTES_PER_US, 2)}  # fmt: skip
+            row = {"rows": rows, "length": length, "k": k, "dtype": args.dtype, "us": times,
+                   "checks": checked, "roofline_us": round(
+                       rows * length * dtype.itemsize / bt.COPY_BYTES_PER_US, 2)}  # fmt: skip
             print(json.dumps(row), flush=True)
             with open(path, "a") as f:
                 f.write(json.dumps(row) + "\n")

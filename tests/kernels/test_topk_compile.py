@@ -1,7 +1,7 @@
 """The multi-program top-k's compiled path, which cannot run here: the collect and finish
 kernels compiled for sm90 (no device needed), with and without the walk storing the
-candidates' scores (KEYS), and with the interpolated finishing select, at the catch-all entry's
-geometry."""
+candidates' scores (KEYS), and with the interpolated finishing select (also over bf16 and fp16
+scores), at the catch-all entry's geometry."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ _COMPILE = textwrap.dedent(
              "out_ptr", "state_ptr", "keys_ptr", "idx_ptr", "gmax_ptr")
     pointers = {a: "*fp32" if a == "scores_ptr" else "*i32" for a in names}
 
-    def compile_one(kernel, consts, num_warps, options):
+    def compile_one(kernel, consts, num_warps, options, scores="*fp32"):
         signature = {a: pointers.get(a, "i32") for a in kernel.arg_names}
+        signature["scores_ptr"] = scores
         signature.update({a: "constexpr" for a in consts})
         compiled = triton.compile(ASTSource(kernel, signature, constexprs=consts), target=SM90,
                                   options={"num_warps": num_warps, "num_stages": 3, **options})
@@ -46,6 +47,10 @@ _COMPILE = textwrap.dedent(
     found["collect:interp"] = compile_one(
         topk._topk_multi_kernel, {**interp, "PREFETCH": 3, "FINISH": True}, 8, {"maxnreg": 80})
     found["finish:interp"] = compile_one(topk._topk_finish_kernel, interp, 8, {})
+    # bf16 / fp16 scores: the select's descent skips the key bits they leave equal
+    for scores in ("*bf16", "*fp16"):
+        found[f"finish:interp:{scores}"] = compile_one(topk._topk_finish_kernel, interp, 8, {},
+                                                       scores)
     # the sample estimate by interpolated counts (MULTI_INTERP 2)
     sample = dict(LENGTHS=topk.LEN_FULL.value, HAS_STARTS=False, SAMPLE=8192, SECTOR=16,
                   MIN_RANK=64, RADIX_BITS=topk.SELECT_BITS.value, PAIRS=False,
@@ -58,4 +63,4 @@ _COMPILE = textwrap.dedent(
 
 def test_multi_path_kernels_compile_for_sm90():
     found = compile_in_subprocess(_COMPILE)
-    assert len(found) == 7 and all(found.values()), found
+    assert len(found) == 9 and all(found.values()), found

@@ -147,6 +147,32 @@ def test_bf16_ties(small):
     _check_indices(scores, 64, out, sorted=True)
 
 
+def _narrow_rows(dtype: torch.dtype, rows: int, length: int) -> torch.Tensor:
+    """bf16 / fp16 rows whose k-th value is tied many times: consecutive values of the dtype
+    (one unit in its last mantissa place apart, so a descent that skipped one key bit too many
+    would merge neighbours) on both sides of 0, with -inf, NaN and signed zeros mixed in."""
+    g = torch.Generator().manual_seed(11)
+    ulp = 2.0 ** -(7 if dtype == torch.bfloat16 else 10)
+    steps = torch.randint(-12, 13, (rows, length), generator=g).float()
+    x = (1.0 + steps.abs() * ulp) * steps.sign()  # +-(1 + j ulp), 0 for step 0
+    x[0, ::9] = float("-inf")
+    x[1 % rows, 3::13] = float("nan")
+    x[:, 5::17] = -0.0
+    torch.testing.assert_close(x.to(dtype).float(), x, rtol=0, atol=0, equal_nan=True)  # exact
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_narrow_dtype_ties(dtype, small):
+    """The tile select's descent over bf16 / fp16 keys without the low bits the dtype leaves
+    equal (`_take_top_of`): exact, sorted and not, at ranks among and across the tied values."""
+    scores = _narrow_rows(dtype, 3, 500)
+    for k in (40, 64, 200):
+        for sorted in (False, True):
+            out = topk.topk_indices(scores, k, sorted=sorted, config=small)
+            _check_indices(scores, k, out, sorted=sorted)
+
+
 def test_lengths_around_k_and_chunk_edges(tiny):
     k, block = 24, 16
     cap = 2 * block + 32  # the kernel's CAP for k_pad 32

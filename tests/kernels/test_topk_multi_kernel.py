@@ -117,6 +117,27 @@ def test_finishing_select_from_the_estimate(sorted, finish):
             assert (counts > 24).all()  # more candidates than k: the bisection ran
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("finish", list(FINISHES))
+def test_narrow_dtype_ties(dtype, finish):
+    """The finishing select over bf16 / fp16 candidates without the low key bits the dtype
+    leaves equal (`_take_top_of`): consecutive values of the dtype, the k-th tied many times,
+    across the sign, with -inf, NaN and signed zeros; exact, sorted and not."""
+    g = torch.Generator().manual_seed(5)
+    ulp = 2.0 ** -(7 if dtype == torch.bfloat16 else 10)
+    steps = torch.randint(-9, 10, (4, 300), generator=g).float()
+    x = (1.0 + steps.abs() * ulp) * steps.sign()
+    x[0, ::7] = float("-inf")
+    x[1, 3::11] = float("nan")
+    x[2, 5::13] = -0.0
+    x[3] = -x[3].abs()  # every candidate negative: keys with their low bits all 1
+    scores = x.to(dtype)
+    torch.testing.assert_close(scores.float(), x, rtol=0, atol=0, equal_nan=True)  # exact
+    for sorted in (False, True):
+        out, state = _indices(scores, 24, sorted=sorted, config={**MULTI, **FINISHES[finish]})
+        _check(scores, 24, out, sorted=sorted)
+
+
 @GEOMETRIES
 @pytest.mark.parametrize("finish", ["bit", "pairs", "interp", "kernel", "kernel_bisect",
                                     "kernel_keys", "interp_sample", "kernel_interp_sample"])
