@@ -41,10 +41,11 @@ reference, ties at many ranks; a variant the launcher refuses is noted and not t
 
     PYTHONPATH=. python benchmarks/experiments/topk_occupancy.py [--out DIR] [--rounds 2]
         [--old FILE.py]  # also "old": the table's entry with kernels/topk.py as in FILE.py
-        [--shapes 16384x17920,1024x32768] [--variants row,table,w8c4nreg80] [--dtype bf16]
+        [--shapes 16384x17920,1024x32768] [--variants row,table,w8c4nreg80]
+        [--dtype bf16]
 
-Page transform (randn scores, fp32 unless --dtype, full lengths, page size 64) in CUDA graphs, inputs rotated past L2
-as in bench_topk. Rows go to topk_occupancy.jsonl as they come.
+Page transform (randn scores, fp32 unless --dtype, full lengths, page size 64) in CUDA graphs,
+inputs rotated past L2 as in bench_topk. Rows go to topk_occupancy.jsonl as they come.
 """
 
 from __future__ import annotations
