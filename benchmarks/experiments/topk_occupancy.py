@@ -41,6 +41,7 @@ reference, ties at many ranks; a variant the launcher refuses is noted and not t
 
     PYTHONPATH=. python benchmarks/experiments/topk_occupancy.py [--out DIR] [--rounds 2]
         [--old FILE.py]  # also "old": the table's entry with kernels/topk.py as in FILE.py
+                         # (and variant "oldrow": that file on the row path)
         [--shapes 16384x17920,1024x32768] [--variants row,table,w8c4nreg80]
         [--dtype bf16]
 
@@ -135,7 +136,8 @@ VARIANTS = {
     # a 2048-pair candidate tile (k <= 512: the table's 4096 is 8x k at 512)
     "cap2048": {"MULTI_CAP": 2048},
 }
-ROW_PATH = {"row"}  # variants run with path="row"; every other one with path="multi"
+# variants run with path="row" (oldrow: --old's file there); every other one with path="multi"
+ROW_PATH = {"row", "oldrow"}
 SHAPES = ((256, 131072), (64, 131072), (1, 131072))
 
 
@@ -167,6 +169,7 @@ def main(argv=None) -> None:
         old = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(old)
         modules["old"] = old
+        modules["oldrow"] = old  # the same file on the row path
     for item in args.module:
         name, _, file = item.partition("=")
         spec = importlib.util.spec_from_file_location(f"topk_{name}", file)
@@ -177,9 +180,9 @@ def main(argv=None) -> None:
     dtype = {v: t for t, v in bt.DTYPES.items()}[args.dtype]
     os.makedirs(args.out, exist_ok=True)
     device = torch.device("cuda")
-    extra = [n for n in modules if n != "old"]
+    extra = [n for n in modules if n not in ("old", "oldrow")]
     names = (["old"] if args.old else []) + args.variants.split(",") + extra
-    configs = {**VARIANTS, "old": {}, **{n: {} for n in extra}}
+    configs = {**VARIANTS, "old": {}, "oldrow": {}, **{n: {} for n in extra}}
     unknown = [n for n in names if n not in configs]
     if unknown:
         p.error(f"--variants: unknown {unknown}; expected names from {sorted(VARIANTS)}")

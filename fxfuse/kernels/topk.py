@@ -862,7 +862,6 @@ def _take_top(
         if SELECT != SELECT_RADIX:
             if KEY_SHIFT > 0:
                 key = key >> KEY_SHIFT  # valid keys stay >= 1: key(-inf) >> 16 is 0x7F
-                floor = floor >> KEY_SHIFT
             # Keys are 0 off the valid elements (`_ordered_key`, and the candidates' padding),
             # the m valid ones > 0.
             kmax = tl.full((), 0, tl.uint32)
@@ -871,14 +870,15 @@ def _take_top(
             if (SELECT >= SELECT_INTERP) & (floor > 0):
                 # every valid key is in [floor, kmax]; kmax + 1 does not wrap (+inf's key is
                 # 0xFF800000, NaN ranks as -inf)
-                t, c, _, _ = _interp_edge(key, m, k, floor.to(tl.uint32), kmax + 1, 0, 0, 1)
+                t, c, _, _ = _interp_edge(key, m, k, floor.to(tl.uint32) >> KEY_SHIFT, kmax + 1,
+                                          0, 0, 1)  # fmt: skip
             else:
                 top = tl.full((), 31 - KEY_SHIFT, tl.int32)
                 t0 = tl.full((), 0, tl.uint32)
                 if floor > 0:
                     # The highest bit where kmax and floor differ, from the exponent of its
                     # float (rounding may make it one too high: fewer shared bits, still shared).
-                    d = kmax ^ floor.to(tl.uint32)
+                    d = kmax ^ (floor.to(tl.uint32) >> KEY_SHIFT)
                     high = (d.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
                     high = tl.minimum(high, 31)  # -127 when d == 0: every key is kmax
                     ones = tl.full((), 0xFFFFFFFF, tl.uint32)

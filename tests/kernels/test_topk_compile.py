@@ -1,7 +1,8 @@
 """The multi-program top-k's compiled path, which cannot run here: the collect and finish
 kernels compiled for sm90 (no device needed), with and without the walk storing the
 candidates' scores (KEYS), and with the interpolated finishing select (also over bf16 and fp16
-scores), at the catch-all entry's geometry."""
+scores), at the catch-all entry's geometry; and the row path's register tile over each score
+dtype (its select's descent depends on it: the interpreter does not check Triton's typing)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,17 @@ _COMPILE = textwrap.dedent(
     for scores in ("*bf16", "*fp16"):
         found[f"finish:interp:{scores}"] = compile_one(topk._topk_finish_kernel, interp, 8, {},
                                                        scores)
+    # the row path's register tile (rows <= TILE_MAX) over each score dtype, masked rows too
+    row = dict(STAGE=topk.STAGE_ROW.value, HAS_STARTS=False, HAS_ROW_TO_BATCH=False,
+               EPILOGUE=topk.EPI_INDICES.value, SORT=topk.SORT_VALUE.value, LOG2_PAGE=0,
+               LOG2_BLOCK=0, PAGES_PER_BLOCK=1, NUM_KV_HEADS=1, MASK_REPEAT=1, MASK_FILL=0,
+               MASK_SELECTED=1, MASK_FINITE=False, BLOCK=1024, CAP=0, K_PAD=256,
+               RADIX_BITS=topk.SELECT_BITS.value, TILE=2048, TILE_BITS=11,
+               SELECT=topk.SELECT_BISECT.value)
+    for scores in ("*fp32", "*bf16", "*fp16"):
+        for lengths in (topk.LEN_FULL.value, topk.LEN_MASKED.value):
+            found[f"row:{scores}:{lengths}"] = compile_one(
+                topk._topk_kernel, {**row, "LENGTHS": lengths}, 4, {}, scores)
     # the sample estimate by interpolated counts (MULTI_INTERP 2)
     sample = dict(LENGTHS=topk.LEN_FULL.value, HAS_STARTS=False, SAMPLE=8192, SECTOR=16,
                   MIN_RANK=64, RADIX_BITS=topk.SELECT_BITS.value, PAIRS=False,
@@ -63,4 +75,4 @@ _COMPILE = textwrap.dedent(
 
 def test_multi_path_kernels_compile_for_sm90():
     found = compile_in_subprocess(_COMPILE)
-    assert len(found) == 9 and all(found.values()), found
+    assert len(found) == 15 and all(found.values()), found
