@@ -10,9 +10,11 @@ and dtype, and then compiled for the target from its own arguments: top-k (indic
 transform, block table, mask; register-tile, streamed, segmented and multi-program paths, the
 last forced where a table leaves it off; fp32, bf16, fp16 scores), the RMSNorm + quant kernel
 (FP8 per token, FP8 1x128 with row- and column-major scales, MXFP4, the norm and the quant
-alone) and GEMM -> split -> cat, over bf16 and fp16. The GEMM kernels have their own compile
-test (test_gemm_compile.py). Meta tensors are not CUDA tensors, so a choice a wrapper makes on
-the device type takes its non-CUDA branch here. The AMD targets skip where lld is missing.
+alone) and GEMM -> split -> cat, over bf16 and fp16; the quantized GEMMs (A8W8 per token and
+blockscale, A16W8, AFP4WFP4, A16WFP4, gfx950's preshuffled weights) at decode and prefill M
+(test_gemm_compile.py compiles further GEMM variants by hand). Meta tensors are not CUDA
+tensors, so a choice a wrapper makes on the device type takes its non-CUDA branch here. The AMD
+targets skip where lld is missing.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ _SCRIPT = textwrap.dedent(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from fxfuse.kernels import _plans, gemm_split_cat, rms_norm_quant, topk
+    from fxfuse.kernels import _plans, gemm_fp8, gemm_mxfp4, gemm_ref, gemm_split_cat
+    from fxfuse.kernels import rms_norm_quant, topk
 
     TARGET = "@TARGET@"
     GPU = {"sm90": GPUTarget("cuda", 90, 32), "gfx950": GPUTarget("hip", "gfx950", 64),
@@ -48,7 +51,7 @@ _SCRIPT = textwrap.dedent(
         launches.append((kernel, args, kwargs))
 
 
-    for module in (_plans, gemm_split_cat, rms_norm_quant, topk):
+    for module in (_plans, gemm_fp8, gemm_mxfp4, gemm_split_cat, rms_norm_quant, topk):
         module.launch = record
 
 
@@ -145,12 +148,33 @@ _SCRIPT = textwrap.dedent(
                                       16, 128, 128, y, target=TARGET)
         gemm_split_cat.gemm_split(empty(8192, 512, dtype=dtype), empty(4096, 512, dtype=dtype),
                                   16, [128, 128], 1, target=TARGET)
+    # The quantized GEMMs at DeepSeek-R1's 2112 x 7168 (decode, split-K and large-M entries):
+    # A8W8 per token and 1x128 blockscale, A16W8 prequant, AFP4WFP4 and A16WFP4 (also from the
+    # gfx950 preshuffled layout).
+    fp8, u8, bf16 = torch.float8_e4m3fn, torch.uint8, torch.bfloat16
+    n, k = 2112, 7168
+    w8, w4, s4 = empty(n, k, dtype=fp8), empty(n, k // 2, dtype=u8), empty(n, k // 32, dtype=u8)
+    w4s, s4s = (empty(*shape, dtype=u8) for shape in gemm_ref.preshuffled_shapes(n, k))
+    for m in (1, 32, 4096):
+        q8, q4, x = empty(m, k, dtype=fp8), empty(m, k // 2, dtype=u8), empty(m, k, dtype=bf16)
+        gemm_fp8.gemm_fp8(q8, empty(m, 1), w8, empty(n, 1), target=TARGET)
+        gemm_fp8.gemm_fp8(q8, empty(m, k // 128), w8, empty(-(-n // 128), k // 128),
+                          target=TARGET)
+        gemm_fp8.gemm_a16w8(x, w8, empty(n, 1), target=TARGET)
+        gemm_fp8.gemm_a16w8(x, w8, empty(-(-n // 128), k // 128), group_size=128, target=TARGET)
+        gemm_mxfp4.gemm_mxfp4(q4, empty(m, k // 32, dtype=u8), w4, s4, target=TARGET)
+        gemm_mxfp4.gemm_a16wfp4(x, w4, s4, target=TARGET)
+        if TARGET == "gfx950":
+            gemm_mxfp4.gemm_mxfp4(q4, empty(m, k // 32, dtype=u8), w4s, s4s, preshuffled=True,
+                                  n=n, target=TARGET)
+            gemm_mxfp4.gemm_a16wfp4(x, w4s, s4s, preshuffled=True, n=n, target=TARGET)
     print(json.dumps({"launches": len(launches), "compiled": compile_all()}))
     """
 )
 
 KERNELS = {"_topk_kernel", "_topk_sample_kernel", "_topk_multi_kernel",
-           "_rms_norm_quant_rows_kernel", "_gemm_split_cat_kernel"}
+           "_rms_norm_quant_rows_kernel", "_gemm_split_cat_kernel", "_gemm_fp8_kernel",
+           "_gemm_mxfp4_kernel"}
 # where the target's tables finish the multi path's long rows in a second kernel
 FINISH_KERNEL = {"sm90": {"_topk_finish_kernel"}, "gfx950": set(), "gfx942": set()}
 
