@@ -28,6 +28,8 @@ from tests.helpers import compile_in_subprocess
 _SCRIPT = textwrap.dedent(
     """
     import json
+    import multiprocessing
+    import os
 
     import torch
     import triton
@@ -78,24 +80,31 @@ _SCRIPT = textwrap.dedent(
         return sig, consts, options
 
 
+    ITEMS = []  # the distinct launches: (kernel, signature, constexprs, options)
+
+
+    def compile_one(i):
+        kernel, sig, consts, options = ITEMS[i]
+        try:
+            compiled = triton.compile(
+                ASTSource(kernel, sig, constexprs=consts), target=GPU,
+                options={"num_warps": 4, "num_stages": 3, **options})
+            return bool(compiled.asm.get("cubin") or compiled.asm.get("hsaco"))
+        except Exception as e:  # the failure, named, for the test's message
+            return f"{type(e).__name__}: {str(e)[-600:]}"
+
+
     def compile_all():
-        seen, found = set(), {}
+        # each distinct launch compiled, in forked processes (one a core)
+        unique = {}
         for kernel, args, kwargs in launches:
             sig, consts, options = signature(kernel, args, kwargs)
             key = json.dumps([kernel.__name__, sig, consts, options], sort_keys=True, default=str)
-            if key in seen:
-                continue
-            seen.add(key)
-            name = f"{kernel.__name__}#{len(seen)}"
-            try:
-                compiled = triton.compile(
-                    ASTSource(kernel, sig, constexprs=consts), target=GPU,
-                    options={"num_warps": 4, "num_stages": 3, **options})
-                binary = compiled.asm.get("cubin") or compiled.asm.get("hsaco")
-                found[name] = bool(binary)
-            except Exception as e:  # the failure, named, for the test's message
-                found[name] = f"{type(e).__name__}: {str(e)[-600:]}"
-        return found
+            unique.setdefault(key, (kernel, sig, consts, options))
+        ITEMS.extend(unique.values())
+        with multiprocessing.get_context("fork").Pool(os.cpu_count() or 1) as pool:
+            results = pool.map(compile_one, range(len(ITEMS)), chunksize=1)
+        return {f"{item[0].__name__}#{i}": r for i, (item, r) in enumerate(zip(ITEMS, results))}
 
 
     meta = torch.device("meta")
