@@ -85,3 +85,21 @@ def compile_in_subprocess(script: str) -> dict:
         pytest.skip(f"a GPU toolchain piece is missing: {proc.stderr.splitlines()[-1]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def narrow_dtype_rows(dtype: torch.dtype, rows: int, length: int, steps: int, seed: int):
+    """bf16 / fp16 top-k rows whose k-th value is tied many times: consecutive values of the
+    dtype, +-(1 + j ulp) for |j| <= steps (one unit in its last mantissa place apart, so a
+    descent that skipped one key bit too many would merge neighbours), 0 for j = 0, with -inf in
+    row 0, NaN in row 1, -0.0 in row 2 and every score of row 3 negative (keys with their low
+    bits all 1)."""
+    g = torch.Generator().manual_seed(seed)
+    ulp = 2.0 ** -(7 if dtype == torch.bfloat16 else 10)
+    j = torch.randint(-steps, steps + 1, (rows, length), generator=g).float()
+    x = (1.0 + j.abs() * ulp) * j.sign()
+    x[0, ::7] = float("-inf")
+    x[1, 3::11] = float("nan")
+    x[2, 5::13] = -0.0
+    x[3] = -x[3].abs()
+    torch.testing.assert_close(x.to(dtype).float(), x, rtol=0, atol=0, equal_nan=True)  # exact
+    return x.to(dtype)

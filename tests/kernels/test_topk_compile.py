@@ -1,8 +1,8 @@
 """The multi-program top-k's compiled path, which cannot run here: the collect and finish
 kernels compiled for sm90 (no device needed), with and without the walk storing the
-candidates' scores (KEYS), and with the interpolated finishing select (also over bf16 and fp16
-scores), at the catch-all entry's geometry; and the row path's register tile over each score
-dtype (its select's descent depends on it: the interpreter does not check Triton's typing)."""
+candidates' scores (KEYS), and with the interpolated finishing select, at the catch-all entry's
+geometry. The launches the shipped tables make, over each score dtype and on the row path too,
+are compiled by test_launch_compile.py."""
 
 from __future__ import annotations
 
@@ -23,9 +23,8 @@ _COMPILE = textwrap.dedent(
              "out_ptr", "state_ptr", "keys_ptr", "idx_ptr", "gmax_ptr")
     pointers = {a: "*fp32" if a == "scores_ptr" else "*i32" for a in names}
 
-    def compile_one(kernel, consts, num_warps, options, scores="*fp32"):
+    def compile_one(kernel, consts, num_warps, options):
         signature = {a: pointers.get(a, "i32") for a in kernel.arg_names}
-        signature["scores_ptr"] = scores
         signature.update({a: "constexpr" for a in consts})
         compiled = triton.compile(ASTSource(kernel, signature, constexprs=consts), target=SM90,
                                   options={"num_warps": num_warps, "num_stages": 3, **options})
@@ -48,21 +47,6 @@ _COMPILE = textwrap.dedent(
     found["collect:interp"] = compile_one(
         topk._topk_multi_kernel, {**interp, "PREFETCH": 3, "FINISH": True}, 8, {"maxnreg": 80})
     found["finish:interp"] = compile_one(topk._topk_finish_kernel, interp, 8, {})
-    # bf16 / fp16 scores: the select's descent skips the key bits they leave equal
-    for scores in ("*bf16", "*fp16"):
-        found[f"finish:interp:{scores}"] = compile_one(topk._topk_finish_kernel, interp, 8, {},
-                                                       scores)
-    # the row path's register tile (rows <= TILE_MAX) over each score dtype, masked rows too
-    row = dict(STAGE=topk.STAGE_ROW.value, HAS_STARTS=False, HAS_ROW_TO_BATCH=False,
-               EPILOGUE=topk.EPI_INDICES.value, SORT=topk.SORT_VALUE.value, LOG2_PAGE=0,
-               LOG2_BLOCK=0, PAGES_PER_BLOCK=1, NUM_KV_HEADS=1, MASK_REPEAT=1, MASK_FILL=0,
-               MASK_SELECTED=1, MASK_FINITE=False, BLOCK=1024, CAP=0, K_PAD=256,
-               RADIX_BITS=topk.SELECT_BITS.value, TILE=2048, TILE_BITS=11,
-               SELECT=topk.SELECT_BISECT.value)
-    for scores in ("*fp32", "*bf16", "*fp16"):
-        for lengths in (topk.LEN_FULL.value, topk.LEN_MASKED.value):
-            found[f"row:{scores}:{lengths}"] = compile_one(
-                topk._topk_kernel, {**row, "LENGTHS": lengths}, 4, {}, scores)
     # the sample estimate by interpolated counts (MULTI_INTERP 2)
     sample = dict(LENGTHS=topk.LEN_FULL.value, HAS_STARTS=False, SAMPLE=8192, SECTOR=16,
                   MIN_RANK=64, RADIX_BITS=topk.SELECT_BITS.value, PAIRS=False,
@@ -75,4 +59,4 @@ _COMPILE = textwrap.dedent(
 
 def test_multi_path_kernels_compile_for_sm90():
     found = compile_in_subprocess(_COMPILE)
-    assert len(found) == 15 and all(found.values()), found
+    assert len(found) == 7 and all(found.values()), found

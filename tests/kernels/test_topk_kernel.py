@@ -13,6 +13,7 @@ import torch
 
 from fxfuse.kernels import topk, topk_ref
 from fxfuse.runtime import launch_tables
+from tests.helpers import narrow_dtype_rows
 
 # BLOCK 128, k <= 64: CAP = 2·128 + k_pad, so rows of a few hundred compact at least once.
 # Each test runs twice: rows streamed through the candidate buffer (TILE_MAX 1: no row fits a
@@ -147,26 +148,12 @@ def test_bf16_ties(small):
     _check_indices(scores, 64, out, sorted=True)
 
 
-def _narrow_rows(dtype: torch.dtype, rows: int, length: int) -> torch.Tensor:
-    """bf16 / fp16 rows whose k-th value is tied many times: consecutive values of the dtype
-    (one unit in its last mantissa place apart, so a descent that skipped one key bit too many
-    would merge neighbours) on both sides of 0, with -inf, NaN and signed zeros mixed in."""
-    g = torch.Generator().manual_seed(11)
-    ulp = 2.0 ** -(7 if dtype == torch.bfloat16 else 10)
-    steps = torch.randint(-12, 13, (rows, length), generator=g).float()
-    x = (1.0 + steps.abs() * ulp) * steps.sign()  # +-(1 + j ulp), 0 for step 0
-    x[0, ::9] = float("-inf")
-    x[1 % rows, 3::13] = float("nan")
-    x[:, 5::17] = -0.0
-    torch.testing.assert_close(x.to(dtype).float(), x, rtol=0, atol=0, equal_nan=True)  # exact
-    return x.to(dtype)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_narrow_dtype_ties(dtype, small):
     """The tile select's descent over bf16 / fp16 keys without the low bits the dtype leaves
-    equal (`_take_top_of`): exact, sorted and not, at ranks among and across the tied values."""
-    scores = _narrow_rows(dtype, 3, 500)
+    equal (`_take_top_of`): exact, sorted and not, at ranks among and across the tied values
+    (`narrow_dtype_rows`: -inf, NaN, signed zeros, an all-negative row)."""
+    scores = narrow_dtype_rows(dtype, 4, 500, steps=12, seed=11)
     for k in (40, 64, 200):
         for sorted in (False, True):
             out = topk.topk_indices(scores, k, sorted=sorted, config=small)

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from fxfuse.kernels import topk, topk_ref
+from tests.helpers import narrow_dtype_rows
 
 MULTI = {"MULTI_BLOCK": 32, "MULTI_ROWS": 1, "MULTI_CHUNKS": 2, "MULTI_CAP": 64, "MULTI_SAMPLE": 64}
 TILED = {**MULTI, "MULTI_ROWS": 2, "MULTI_CHUNKS": 1}
@@ -123,16 +124,7 @@ def test_narrow_dtype_ties(dtype, finish):
     """The finishing select over bf16 / fp16 candidates without the low key bits the dtype
     leaves equal (`_take_top_of`): consecutive values of the dtype, the k-th tied many times,
     across the sign, with -inf, NaN and signed zeros; exact, sorted and not."""
-    g = torch.Generator().manual_seed(5)
-    ulp = 2.0 ** -(7 if dtype == torch.bfloat16 else 10)
-    steps = torch.randint(-9, 10, (4, 300), generator=g).float()
-    x = (1.0 + steps.abs() * ulp) * steps.sign()
-    x[0, ::7] = float("-inf")
-    x[1, 3::11] = float("nan")
-    x[2, 5::13] = -0.0
-    x[3] = -x[3].abs()  # every candidate negative: keys with their low bits all 1
-    scores = x.to(dtype)
-    torch.testing.assert_close(scores.float(), x, rtol=0, atol=0, equal_nan=True)  # exact
+    scores = narrow_dtype_rows(dtype, 4, 300, steps=9, seed=5)
     for sorted in (False, True):
         out, state = _indices(scores, 24, sorted=sorted, config={**MULTI, **FINISHES[finish]})
         _check(scores, 24, out, sorted=sorted)
