@@ -41,6 +41,7 @@ L2_BYTES = 60 * 2**20
 GRAPH_BELOW_US = 50.0
 PAGE_SIZE = 64
 DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}  # --dtype's names
+DTYPE_BY_NAME = {name: dtype for dtype, name in DTYPES.items()}
 SHAPES = ((1, 8192), (1, 32768), (1, 131072), (64, 131072), (256, 131072), (16384, 17920))
 TOPKS = (512, 2048)
 SWEEP_SHAPES = ((1, 131072), (64, 131072), (256, 131072), (16384, 17920))
@@ -542,7 +543,7 @@ def main():
         help="skip timing the block table and mask",
     )
     args = parser.parse_args()
-    args.dtype = next(dtype for dtype, name in DTYPES.items() if name == args.dtype)
+    args.dtype = DTYPE_BY_NAME[args.dtype]
     if args.cpu_smoke:
         return cpu_smoke()
     if not torch.cuda.is_available():

@@ -177,7 +177,7 @@ def main(argv=None) -> None:
         spec.loader.exec_module(mod)
         modules[name] = mod
     unchecked = set(filter(None, args.unchecked.split(",")))
-    dtype = {v: t for t, v in bt.DTYPES.items()}[args.dtype]
+    dtype = bt.DTYPE_BY_NAME[args.dtype]
     os.makedirs(args.out, exist_ok=True)
     device = torch.device("cuda")
     extra = [n for n in modules if n not in ("old", "oldrow")]
