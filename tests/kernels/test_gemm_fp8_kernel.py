@@ -189,6 +189,97 @@ def test_prequant_decode_rows(m, floor, swap_ab, group_size, row_amax, monkeypat
     torch.testing.assert_close(out, a8w8, rtol=1e-6, atol=1e-6)
 
 
+# GEMV mode (decode M, no MMA): tiles of any power-of-2 BLOCK_N, rows = M rounded up, at most
+# BLOCK_M; M = 11 with BLOCK_M 8 takes two row tiles.
+GEMV = {"GEMV": 1, "BLOCK_M": 8, "BLOCK_N": 4, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 1}
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 37, 384), (3, 16, 256), (11, 9, 200)])
+@pytest.mark.parametrize("scales", ["rowwise", "blockscale"])
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_gemv(m, n, k, scales, split_k):
+    """The GEMV mode gives the MMA tile's GEMM: odd N, K not a multiple of the K-tile (rowwise),
+    split-K, several row tiles."""
+    block = scales == "blockscale"
+    if block and k % 128:
+        k = 256
+    x = _activations(m, k, seed=30 + m)
+    q, x_scale = quant_fp8_ref(x, 128 if block else 0, FN)
+    w, w_scale = _weights(n, k, FN, block=block, seed=31)
+    config = {**GEMV, "SPLIT_K": split_k}
+    out = gemm_fp8(q, x_scale, w, w_scale, torch.float32, config=config)
+    _check(out, q, x_scale, w, w_scale)
+    mma = gemm_fp8(q, x_scale, w, w_scale, torch.float32, config=SMALL)
+    assert _rel(out, mma) <= 1e-6
+    # the tile really was a GEMV one: BLOCK_N 4 is below what an MMA tile may take
+    with pytest.raises(ValueError, match="BLOCK_N must be a power of 2 >= 16"):
+        gemm_fp8(q, x_scale, w, w_scale, config={**config, "GEMV": 0, "BLOCK_M": 16})
+
+
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("group_size,row_amax", [(0, "kernel"), (0, "prepass"), (128, "auto")])
+def test_gemv_prequant_bytes(m, group_size, row_amax, monkeypatch):
+    """A16W8 in GEMV mode: q and scales bit-equal to quant_fp8_ref, the product gemm_fp8's of
+    them; the launch's tile rows are M rounded up to a power of 2."""
+    seen = []
+    real_launch = kernels.launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        if kernel is kernels._gemm_fp8_kernel:
+            seen.append((kwargs["GEMV"], kwargs["BLOCK_M"], kwargs["QUANT_ROWS"]))
+        return real_launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(kernels, "launch", spy)
+    n, k = 24, 256
+    x = _activations(m, k, seed=40 + m)
+    w, w_scale = _weights(n, k, FN, block=bool(group_size))
+    out, q, scale = gemm_a16w8(
+        x, w, w_scale, group_size=group_size, row_amax=row_amax, return_quant=True,
+        out_dtype=torch.float32, config={**GEMV, "SPLIT_K": 2},
+    )  # fmt: skip
+    rows = 1 << (m - 1).bit_length()
+    assert seen == [(True, rows, rows)]
+    ref_q, ref_scale = quant_fp8_ref(x, group_size, FN)
+    assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+    assert torch.equal(scale, ref_scale)
+    a8w8 = gemm_fp8(ref_q, ref_scale, w, w_scale, torch.float32, config=SMALL)
+    torch.testing.assert_close(out, a8w8, rtol=1e-6, atol=1e-6)
+
+
+def test_gemv_with_split_pieces_keeps_an_mma_tile(monkeypatch):
+    """gemm_fp8_split_cat under a GEMV config: the split epilogue runs on GEMV_PIECES_CONFIG's
+    MMA tile, with the same result."""
+    seen = []
+    real_launch = kernels.launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        seen.append((kwargs["GEMV"], kwargs["BLOCK_N"]))
+        return real_launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(kernels, "launch", spy)
+    m, d, s1, s2, s3, k = 3, 2, 16, 16, 8, 128
+    x = _activations(m, k, seed=50)
+    q, x_scale = quant_fp8_ref(x, 0, FN)
+    w, w_scale = _weights(d * (s1 + s2), k, FN)
+    y = torch.randn(m, d, s3).to(torch.bfloat16)
+    out, c2 = kernels.gemm_fp8_split_cat(q, x_scale, w, w_scale, d, s1, s2, y, config=GEMV)
+    assert seen == [(False, kernels.GEMV_PIECES_CONFIG["BLOCK_N"])]
+    full = gemm_fp8_ref(q, x_scale, w, w_scale, torch.float32).view(m, d, s1 + s2)
+    torch.testing.assert_close(out[..., s1:], y)
+    torch.testing.assert_close(out[..., :s1].float(), full[..., :s1], rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(c2.float(), full[..., s1:], rtol=1e-2, atol=1e-2)
+
+
+def test_gemv_config_checks():
+    q, x_scale, w, w_scale = _good()
+    with pytest.raises(ValueError, match="GEMV must be 0 or 1"):
+        gemm_fp8(q, x_scale, w, w_scale, config={"GEMV": 2})
+    with pytest.raises(ValueError, match="BLOCK_K must be a power of 2 >= 16"):
+        gemm_fp8(q, x_scale, w, w_scale, config={**GEMV, "BLOCK_K": 8})
+    with pytest.raises(ValueError, match="BLOCK_N must be a power of 2 >= 1"):
+        gemm_fp8(q, x_scale, w, w_scale, config={**GEMV, "BLOCK_N": 6})
+
+
 def test_quant_rows():
     assert [kernels.quant_rows(m, 16) for m in (1, 2, 3, 4, 5, 8, 9, 16, 17, 40)] == [
         1, 2, 4, 4, 8, 8, 16, 16, 16, 16,
