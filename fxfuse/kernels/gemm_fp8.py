@@ -198,14 +198,6 @@ def _fp8_operand(bits, DOT_DTYPE: tl.constexpr, FNUZ: tl.constexpr):
     return _fp8_decode(bits, FNUZ).to(DOT_DTYPE)
 
 
-@triton.jit
-def _fp8_f32(bits, DOT_DTYPE: tl.constexpr, FNUZ: tl.constexpr):
-    """FP8 bytes as fp32 (exact): the hardware convert where the target has the fp8 type."""
-    if DOT_DTYPE.is_fp8():
-        return bits.to(DOT_DTYPE, bitcast=True).to(tl.float32)
-    return _fp8_decode(bits, FNUZ)
-
-
 # ---------------------------------------------------------------------------------------------
 # kernels
 
@@ -249,7 +241,7 @@ def _gemm_fp8_kernel(
     # meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, NUM_K_TILES: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
-    SWAP_AB: tl.constexpr, GEMV: tl.constexpr, QUANT_ROWS: tl.constexpr,
+    SWAP_AB: tl.constexpr, QUANT_ROWS: tl.constexpr,
     NUM_PIECES: tl.constexpr, EPILOGUE_SUBTILES: tl.constexpr, Y_HEADS: tl.constexpr,
     BLOCK_S3: tl.constexpr, Y_COL_ITERS: tl.constexpr,
 ):
@@ -286,13 +278,7 @@ def _gemm_fp8_kernel(
             if pid_k == 0:
                 tl.store(q_scale_out_ptr + offs_q * stride_qsm, row_scale, mask=mask_q & write_q)
 
-    # GEMV: no MMA; the weight rows load as in SWAP_AB and each lane keeps its own products'
-    # sums over the K-tiles (`lanes`), reduced across K once after the loop.
-    W_ROWS: tl.constexpr = SWAP_AB or GEMV
-    LANES: tl.constexpr = GEMV and not SCALE_BLOCKWISE
-    if LANES:
-        lanes = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), tl.float32)
-    if W_ROWS:
+    if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)  # outᵀ: N fills the MMA's M slot
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -303,7 +289,7 @@ def _gemm_fp8_kernel(
             mask_a = mask_q[:, None]
         else:
             mask_a = mask_q[:, None] & (offs_k[None, :] < K)
-        if W_ROWS:
+        if SWAP_AB:
             if EVEN_K:
                 mask_w = mask_n[:, None]
             else:
@@ -341,17 +327,9 @@ def _gemm_fp8_kernel(
             if WRITE_QUANT:
                 tl.store(q_out_ptr + offs_q[:, None] * stride_qm + offs_k[None, :], a_bits,
                          mask=mask_a & (offs_k[None, :] < K) & write_q)
-        if GEMV:
-            # (BLOCK_N, BLOCK_M, BLOCK_K) products, exact in fp32 (4-bit significands).
-            prod = (_fp8_f32(w_bits, DOT_DTYPE, FP8_FNUZ)[:, None, :]
-                    * _spread_rows(_fp8_f32(a_bits, DOT_DTYPE, FP8_FNUZ), QUANT_ROWS,
-                                   SPREAD)[None, :, :])
-        else:
-            a = _spread_rows(_fp8_operand(a_bits, DOT_DTYPE, FP8_FNUZ), QUANT_ROWS, SPREAD)
-            w = _fp8_operand(w_bits, DOT_DTYPE, FP8_FNUZ)
-        if LANES:
-            lanes += prod
-        elif SCALE_BLOCKWISE:
+        a = _spread_rows(_fp8_operand(a_bits, DOT_DTYPE, FP8_FNUZ), QUANT_ROWS, SPREAD)
+        w = _fp8_operand(w_bits, DOT_DTYPE, FP8_FNUZ)
+        if SCALE_BLOCKWISE:
             # One 128-group per K-tile: scale the group's partial product before summing.
             if A_KIND == A_GROUP:
                 a_s = _spread_rows(group_scale, QUANT_ROWS, SPREAD)
@@ -360,9 +338,7 @@ def _gemm_fp8_kernel(
                               other=0.0)
             w_s = tl.load(w_scale_ptr + (offs_n // 128) * stride_wsn + kt * stride_wsk,
                           mask=mask_n, other=0.0)
-            if GEMV:
-                acc += tl.sum(prod, axis=2) * (w_s[:, None] * a_s[None, :])
-            elif SWAP_AB:
+            if SWAP_AB:
                 acc += tl.dot(w, tl.trans(a)) * (w_s[:, None] * a_s[None, :])
             else:
                 acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
@@ -371,9 +347,7 @@ def _gemm_fp8_kernel(
         else:
             acc = tl.dot(a, w, acc)
 
-    if LANES:
-        acc = tl.sum(lanes, axis=2)
-    if W_ROWS:
+    if SWAP_AB:
         acc = tl.trans(acc)
     is_last = True
     if SPLIT_K > 1:
@@ -411,17 +385,9 @@ PREQUANT_TABLE = "gemm_a16w8"
 TABLES = (KERNEL_NAME, BLOCK_TABLE, PREQUANT_TABLE)
 CONFIG_FIELDS = (
     "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages", "SWAP_AB",
-    "GEMV",
 )
-FLAG_CONFIG_FIELDS = ("SWAP_AB", "GEMV")
-# Tables written before SWAP_AB / GEMV existed (or other kernels' tables sharing this launcher)
-# omit them.
-CONFIG_DEFAULTS = {"SWAP_AB": 0, "GEMV": 0}
-# GEMV (decode M, no MMA): the tile's rows are M rounded up to a power of 2, at most BLOCK_M;
-# its BLOCK_N may be below the MMA's 16. A call with split pieces (`dest`) keeps the MMA tile
-# (the split epilogue's head bookkeeping wants MMA-width tiles): this one.
-GEMV_PIECES_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 1, "SPLIT_K": 1,
-                      "num_warps": 4, "num_stages": 4, "SWAP_AB": 1, "GEMV": 0}
+# Tables written before SWAP_AB existed (or other kernels' tables sharing this launcher) omit it.
+CONFIG_DEFAULTS = {"SWAP_AB": 0}
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ROW_AMAX_MODES = ("auto", "kernel", "prepass")
 # Per-token prequant: up to this K the GEMM finds the row amax itself (each program re-reads its
@@ -463,19 +429,16 @@ def launch_config(kernel: str, target: str, m: int, n: int, k: int, config: dict
                 f"config: unknown keys {unknown}; expected a subset of {CONFIG_FIELDS}"
             )
         resolved.update(config)
-    for key in FLAG_CONFIG_FIELDS:
-        if resolved[key] not in (0, 1) or isinstance(resolved[key], bool):
-            raise ValueError(f"config: {key} must be 0 or 1, got {resolved[key]!r}")
+    if resolved["SWAP_AB"] not in (0, 1):
+        raise ValueError(f"config: SWAP_AB must be 0 or 1, got {resolved['SWAP_AB']!r}")
     for key in CONFIG_FIELDS:
         value = resolved[key]
-        if key in FLAG_CONFIG_FIELDS:
+        if key == "SWAP_AB":
             continue
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"config: {key} must be a positive int, got {value!r}")
-        # A GEMV tile's BLOCK_M / BLOCK_N may be any power of 2; an MMA tile's are >= 16.
-        least = 1 if resolved["GEMV"] and key in ("BLOCK_M", "BLOCK_N") else 16
-        if key.startswith("BLOCK_") and (value < least or value & (value - 1)):
-            raise ValueError(f"config: {key} must be a power of 2 >= {least}, got {value!r}")
+        if key.startswith("BLOCK_") and (value < 16 or value & (value - 1)):
+            raise ValueError(f"config: {key} must be a power of 2 >= 16, got {value!r}")
     if resolved["num_warps"] not in launch_tables.NUM_WARPS:
         raise ValueError(f"config: num_warps must be one of {launch_tables.NUM_WARPS}")
     return resolved
@@ -572,11 +535,6 @@ def _launch(
     n = w.shape[0]
     target = resolve_target(target, a.device)
     cfg = launch_config(table_name(a_kind, blockwise), target, m, n, k, config)
-    if cfg["GEMV"]:
-        if dest is not None:
-            cfg = dict(GEMV_PIECES_CONFIG)
-        else:
-            cfg["BLOCK_M"] = min(cfg["BLOCK_M"], 1 << max(0, m - 1).bit_length())
     if blockwise:
         cfg["BLOCK_K"] = FP8_BLOCK  # one scale group per K-tile
         # Each K-tile's product lives beside the accumulator: two fp32 tiles of registers.
@@ -640,7 +598,6 @@ def _launch(
         NUM_K_TILES=_cdiv(k, bk),
         TILES_PER_SPLIT=tiles_per_split,
         SWAP_AB=bool(cfg["SWAP_AB"]),
-        GEMV=bool(cfg["GEMV"]),
         QUANT_ROWS=prequant_rows(a_kind, m, bm),
         **split_meta,
         num_warps=cfg["num_warps"],

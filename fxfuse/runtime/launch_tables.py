@@ -26,7 +26,7 @@ SHAPE_KEYS = ("m", "n", "k", "rows", "length", "topk", "d", "group")
 POWER_OF_TWO_PREFIXES = ("BLOCK_", "GROUP_")
 NUM_WARPS = (1, 2, 4, 8, 16)
 TABLE_TARGETS = ("sm90", "gfx950", "gfx942")
-FLAG_FIELDS = ("SWAP_AB", "PERSISTENT", "GEMV")  # 0 / 1 switches; every other field is a positive int
+FLAG_FIELDS = ("SWAP_AB", "PERSISTENT")  # 0 / 1 switches; every other field is a positive int
 # Fields where 0 means "none": compiler caps (registers a thread: Triton's maxnreg, CUDA only),
 # the top-k finish kernel's warps (0: no second kernel).
 CAP_FIELDS = ("MULTI_MAXNREG", "MULTI_FINISH_WARPS")

@@ -3,9 +3,8 @@
 Triton's interpreter runs kernels as Python, so a kernel can pass every CPU test and still fail
 to compile (a `return` inside a compile-time `if` is followed by the code after it, say). These
 compile the prequant kernels with the decode-row spread (QUANT_ROWS below BLOCK_M) and without,
-in both tile orientations and the FP8 GEMV mode, A16WFP4's e2m1 decode with its tables as
-operands and written in, and the A8W8 / AFP4WFP4 kernels with the split epilogue
-(gemm_split_cat's quantized producers).
+in both tile orientations, A16WFP4's e2m1 decode with its tables as operands and written in, and
+the A8W8 / AFP4WFP4 kernels with the split epilogue (gemm_split_cat's quantized producers).
 """
 
 from __future__ import annotations
@@ -52,8 +51,8 @@ _COMPILE = textwrap.dedent(
                           APPLY_RECIPROCAL=False, WRITE_QUANT=swap == 1, EVEN_K=True,
                           EXACT_CASTS=False, CONST_DIV_AS_MUL=True, BLOCK_M=16,
                           BLOCK_N=64 if swap else 32, BLOCK_K=128, GROUP_M=1, SPLIT_K=2,
-                          NUM_K_TILES=8, TILES_PER_SPLIT=4, SWAP_AB=swap, GEMV=False,
-                          QUANT_ROWS=quant_rows, **plain)
+                          NUM_K_TILES=8, TILES_PER_SPLIT=4, SWAP_AB=swap, QUANT_ROWS=quant_rows,
+                          **plain)
             found[f"fp8:{a_kind}:{swap}:{quant_rows}"] = compile_one(
                 gemm_fp8._gemm_fp8_kernel, fp8_pointers, ("quant_eps",), consts)
     for blockwise, swap in ((False, 1), (True, 0)):  # A8W8 into split pieces
@@ -62,24 +61,9 @@ _COMPILE = textwrap.dedent(
                       EPS_ON_SCALE=False, APPLY_RECIPROCAL=False, WRITE_QUANT=False, EVEN_K=True,
                       EXACT_CASTS=False, CONST_DIV_AS_MUL=True, BLOCK_M=64, BLOCK_N=128,
                       BLOCK_K=128, GROUP_M=8, SPLIT_K=2, NUM_K_TILES=4, TILES_PER_SPLIT=2,
-                      SWAP_AB=swap, GEMV=False, QUANT_ROWS=64, **split_cat[swap])
+                      SWAP_AB=swap, QUANT_ROWS=64, **split_cat[swap])
         found[f"fp8:split:{blockwise}"] = compile_one(
             gemm_fp8._gemm_fp8_kernel, {**fp8_pointers, "a_ptr": "*u8"}, ("quant_eps",), consts)
-    # the GEMV mode (no MMA): A8W8 rowwise, A16W8 per token, 1x128 blockscale; 1 and 4 rows
-    for a_kind, blockwise in ((gemm_fp8.A_FP8.value, False), (gemm_fp8.A_ROW_AMAX.value, False),
-                              (gemm_fp8.A_GROUP.value, True)):
-        for rows in (1, 4):
-            block_k = 128 if blockwise else 512
-            consts = dict(A_KIND=a_kind, SCALE_BLOCKWISE=blockwise, DOT_DTYPE=tl.float8e4nv,
-                          FP8_MAX=448.0, FP8_FNUZ=False, FP8_NATIVE=True, EPS_ON_SCALE=False,
-                          APPLY_RECIPROCAL=False, WRITE_QUANT=False, EVEN_K=True,
-                          EXACT_CASTS=False, CONST_DIV_AS_MUL=True, BLOCK_M=rows, BLOCK_N=4,
-                          BLOCK_K=block_k, GROUP_M=1, SPLIT_K=2, NUM_K_TILES=4096 // block_k,
-                          TILES_PER_SPLIT=2048 // block_k, SWAP_AB=False, GEMV=True,
-                          QUANT_ROWS=rows, **plain)
-            pointers = {**fp8_pointers, "a_ptr": "*u8"} if a_kind == 0 else fp8_pointers
-            found[f"fp8:gemv:{a_kind}:{rows}"] = compile_one(
-                gemm_fp8._gemm_fp8_kernel, pointers, ("quant_eps",), consts)
     mx_pointers = {"a_ptr": "*bf16", "a_scale_ptr": "*bf16", "w_ptr": "*u8", "w_scale_ptr": "*u8",
                    "out_ptr": "*bf16", "partial_ptr": "*fp32", "lock_ptr": "*i32",
                    "q_out_ptr": "*u8", "q_scale_out_ptr": "*u8", "table_ptr": "*i32",
@@ -109,4 +93,4 @@ _COMPILE = textwrap.dedent(
 
 def test_prequant_gemms_compile_for_sm90():
     found = compile_in_subprocess(_COMPILE)
-    assert len(found) == 29 and all(found.values()), found
+    assert len(found) == 23 and all(found.values()), found
