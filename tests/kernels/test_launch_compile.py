@@ -57,37 +57,61 @@ _SCRIPT = textwrap.dedent(
         module.launch = record
 
 
+    def specialize(value, param):
+        \"\"\"(signature type, attributes) as Triton's JIT specializes a run-time argument:
+        ints equal to 1 become constexprs, pointers and ints divisible by 16 say so (the
+        vectorized loads of the real launches depend on it); meta tensors have 16-aligned
+        pointers, like the caching allocator's.\"\"\"
+        try:
+            from triton._C.libtriton import native_specialize_impl
+            from triton.backends.compiler import BaseBackend
+        except ImportError:  # an older Triton: plain types, no specialization
+            if isinstance(value, torch.Tensor):
+                return "*" + TYPES[value.dtype], None
+            if isinstance(value, bool):
+                return "i1", None
+            if isinstance(value, int):
+                return ("i64" if abs(value) >= 2**31 else "i32"), None
+            return "fp32", None
+        if isinstance(value, torch.Tensor) and value.dtype not in TYPES:
+            raise TypeError(f"{param.name}: {value.dtype}")
+        kind, key = native_specialize_impl(BaseBackend, value, False,
+                                           not param.do_not_specialize,
+                                           not param.do_not_specialize_on_alignment)
+        return kind, key
+
+
     def signature(kernel, args, kwargs):
-        \"\"\"(signature, constexprs, compile options) of one recorded launch.\"\"\"
+        \"\"\"(signature, constexprs, attributes, compile options) of one recorded launch.\"\"\"
         names = [p.name for p in kernel.params]
         values = {**dict(zip(names, args)), **{k: v for k, v in kwargs.items() if k in names}}
         options = {k: v for k, v in kwargs.items() if k not in names}
-        sig, consts = {}, {}
-        for p in kernel.params:
+        sig, consts, attrs = {}, {}, {}
+        for i, p in enumerate(kernel.params):
             v = values.get(p.name, p.default)
             if p.is_constexpr or v is None:
                 sig[p.name], consts[p.name] = "constexpr", v
-            elif isinstance(v, torch.Tensor):
-                sig[p.name] = "*" + TYPES[v.dtype]
-            elif isinstance(v, bool):
-                sig[p.name] = "i1"
-            elif isinstance(v, int):
-                sig[p.name] = "i64" if abs(v) >= 2**31 else "i32"
-            elif isinstance(v, float):
-                sig[p.name] = "fp32"
-            else:
+                continue
+            if not isinstance(v, (torch.Tensor, bool, int, float)):
                 raise TypeError(f"{kernel.__name__}.{p.name}: {type(v)}")
-        return sig, consts, options
+            kind, key = specialize(v, p)
+            if kind == "constexpr":
+                sig[p.name], consts[p.name] = "constexpr", key
+            else:
+                sig[p.name] = kind
+                if key == "D":
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        return sig, consts, attrs, options
 
 
     ITEMS = []  # the distinct launches: (kernel, signature, constexprs, options)
 
 
     def compile_one(i):
-        kernel, sig, consts, options = ITEMS[i]
+        kernel, sig, consts, attrs, options = ITEMS[i]
         try:
             compiled = triton.compile(
-                ASTSource(kernel, sig, constexprs=consts), target=GPU,
+                ASTSource(kernel, sig, constexprs=consts, attrs=attrs), target=GPU,
                 options={"num_warps": 4, "num_stages": 3, **options})
             return bool(compiled.asm.get("cubin") or compiled.asm.get("hsaco"))
         except Exception as e:  # the failure, named, for the test's message
@@ -98,9 +122,10 @@ _SCRIPT = textwrap.dedent(
         # each distinct launch compiled, in forked processes (one a core)
         unique = {}
         for kernel, args, kwargs in launches:
-            sig, consts, options = signature(kernel, args, kwargs)
-            key = json.dumps([kernel.__name__, sig, consts, options], sort_keys=True, default=str)
-            unique.setdefault(key, (kernel, sig, consts, options))
+            sig, consts, attrs, options = signature(kernel, args, kwargs)
+            key = json.dumps([kernel.__name__, sig, consts, str(attrs), options],
+                             sort_keys=True, default=str)
+            unique.setdefault(key, (kernel, sig, consts, attrs, options))
         ITEMS.extend(unique.values())
         with multiprocessing.get_context("fork").Pool(os.cpu_count() or 1) as pool:
             results = pool.map(compile_one, range(len(ITEMS)), chunksize=1)
