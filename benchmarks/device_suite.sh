@@ -68,6 +68,7 @@ for s in $STEPS; do
       step topk_isample "${T_ISAMPLE:-150}" python benchmarks/experiments/topk_occupancy.py \
         --variants table,isample --shapes 256x131072,64x131072,1x131072,16384x17920 --out "$RES" ;;
     stream) step stream "${T_STREAM:-90}" python benchmarks/experiments/stream_read.py --out "$RES" ;;
+    read_floor) step read_floor "${T_FLOOR:-60}" python benchmarks/experiments/weight_read_floor.py --out "$RES" ;;
     rms_midm) PYTHONPATH=$PWD:$PWD/benchmarks step rms_midm "${T_MIDM:-150}" python benchmarks/experiments/rms_midm_probe.py ;;
     layer_profile) step layer_profile "${T_PROFILE:-150}" python benchmarks/experiments/layer_profile.py ${PROFILE_ARGS:-} ;;
     oneshot) step oneshot "${T_ONESHOT:-90}" python benchmarks/experiments/oneshot_world1.py --out "$RES" ;;
