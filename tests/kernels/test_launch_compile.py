@@ -6,15 +6,16 @@ kernel can pass every CPU test and still fail to compile for a GPU: a constexpr 
 a run-time branch, say (the bf16 row path of the top-k kernel, 2026-12-07, caught only on the
 device). Here the kernel wrappers run on meta tensors with target=<the target>: each launch they
 make (`_plans.launch`) is recorded instead of run, with the target's table config for that shape
-and dtype, and then compiled for the target from its own arguments: top-k (indices, page
-transform, block table, mask; register-tile, streamed, segmented and multi-program paths, the
-last forced where a table leaves it off; fp32, bf16, fp16 scores), the RMSNorm + quant kernel
-(FP8 per token, FP8 1x128 with row- and column-major scales, MXFP4, the norm and the quant
-alone) and GEMM -> split -> cat, over bf16 and fp16; the quantized GEMMs (A8W8 per token and
-blockscale, A16W8, AFP4WFP4, A16WFP4, gfx950's preshuffled weights) at decode and prefill M
-(test_gemm_compile.py compiles further GEMM variants by hand). Meta tensors are not CUDA
-tensors, so a choice a wrapper makes on the device type takes its non-CUDA branch here. The AMD
-targets skip where lld is missing.
+and dtype, and then compiled for the target from its own arguments, specialized as Triton's JIT
+specializes them (ints equal to 1 as constants, 16-divisible pointers and ints marked): top-k
+(indices, page transform, block table, mask; register-tile, streamed, segmented and
+multi-program paths, the last forced where a table leaves it off; fp32, bf16, fp16 scores), the
+RMSNorm + quant kernel (FP8 per token, FP8 1x128 with row- and column-major scales, MXFP4, the
+norm and the quant alone) and GEMM -> split -> cat, over bf16 and fp16; the quantized GEMMs
+(A8W8 per token and blockscale, A16W8, AFP4WFP4, A16WFP4, gfx950's preshuffled weights) at
+decode and prefill M (test_gemm_compile.py compiles further GEMM variants by hand). Meta
+tensors are not CUDA tensors, so a choice a wrapper makes on the device type takes its non-CUDA
+branch here. The AMD targets skip where lld is missing.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ _SCRIPT = textwrap.dedent(
         return sig, consts, attrs, options
 
 
-    ITEMS = []  # the distinct launches: (kernel, signature, constexprs, options)
+    ITEMS = []  # the distinct launches: (kernel, signature, constexprs, attributes, options)
 
 
     def compile_one(i):
