@@ -921,13 +921,9 @@ def _take_top_of(
     that the dtype leaves equal among the keys of one value (bf16 16, fp16 13: their widening to
     fp32 is exact, so those mantissa bits are 0, and all 1 in a negative score's key;
     FORCED_KEY >> 16 stays above every score's key), 0 for fp32."""
-    if scores_ptr.dtype.element_ty == tl.bfloat16:
-        take = _take_top(key, idx, valid, m, k, idx_bits, floor, RADIX_BITS, SELECT, PAIRS, 16)
-    elif scores_ptr.dtype.element_ty == tl.float16:
-        take = _take_top(key, idx, valid, m, k, idx_bits, floor, RADIX_BITS, SELECT, PAIRS, 13)
-    else:
-        take = _take_top(key, idx, valid, m, k, idx_bits, floor, RADIX_BITS, SELECT, PAIRS)
-    return take
+    DTYPE: tl.constexpr = scores_ptr.dtype.element_ty
+    KEY_SHIFT: tl.constexpr = 16 if DTYPE == tl.bfloat16 else (13 if DTYPE == tl.float16 else 0)
+    return _take_top(key, idx, valid, m, k, idx_bits, floor, RADIX_BITS, SELECT, PAIRS, KEY_SHIFT)
 
 
 @triton.jit
