@@ -39,7 +39,7 @@ python -c "import torch, triton; print('torch', torch.__version__, 'triton', tri
 for s in $STEPS; do
   case $s in
     tests) step tests "${T_TESTS:-120}" python -m pytest -q -p no:cacheprovider ${TEST_FILES:-tests/kernels} -k "gpu or cuda" ;;
-    gputests) step gputests "${T_TESTS:-150}" python -m pytest -q -p no:cacheprovider -m gpu tests ;;
+    gputests) step gputests "${T_TESTS:-150}" python -m pytest -q -p no:cacheprovider -m gpu ${GPU_TEST_FILES:-tests} ;;
     rms) step rms "${T_RMS:-90}" python benchmarks/bench_rms_norm_quant.py --out "$RES" ;;
     rms_sweep) step rms_sweep "${T_RMS_SWEEP:-150}" python benchmarks/bench_rms_norm_quant.py --sweep --out "$RES" ;;
     gemm_fp8) step gemm_fp8 "${T_GEMM:-80}" python benchmarks/bench_gemm_fp8.py ${GEMM_ARGS:-} --out "$RES" ;;

@@ -1258,10 +1258,15 @@ def _topk_sample_kernel(
         edge = _sample_edge(key, offs < SAMPLE, SAMPLE, rank, ESTIMATE_LOW_BIT, RADIX_BITS,
                             SELECT, PAIRS)  # fmt: skip
     elif n > k:
-        # The whole row: the exact k-th key.
+        # The whole row: the exact k-th key, its descent over the keys without the low bits the
+        # scores' dtype leaves equal (`_take_top_of`: a tied bf16 k-th key resolved in 16 bits,
+        # not 32), then widened back: key >= edge << s exactly where key >> s >= edge.
+        DTYPE: tl.constexpr = scores_ptr.dtype.element_ty
+        KEY_SHIFT: tl.constexpr = 16 if DTYPE == tl.bfloat16 else (13 if DTYPE == tl.float16 else 0)
         valid = offs < n
         key = _ordered_key(tl.load(scores_ptr + row_off + offs * stride_sl, mask=valid), valid)
-        edge = _sample_edge(key, valid, n, k, 0, RADIX_BITS, SELECT, PAIRS)
+        edge = _sample_edge(key >> KEY_SHIFT, valid, n, k, 0, RADIX_BITS, SELECT, PAIRS)
+        edge = edge << KEY_SHIFT
     # The row's whole state: the estimate, every counter 0 (no separate zeroing launch).
     words = tl.arange(0, STATE_WORDS)
     tl.store(state_ptr + row64 * STATE_WORDS + words,

@@ -130,6 +130,22 @@ def test_narrow_dtype_ties(dtype, finish):
         _check(scores, 24, out, sorted=sorted)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("interp", [0, 2], ids=["bisect", "interp_sample"])
+def test_narrow_dtype_exact_estimate(dtype, interp):
+    """A row the sample holds whole: its exact k-th key found without the low key bits the
+    dtype leaves equal, then widened back (those bits 0), so the same k candidates and no retry;
+    the k-th value tied many times, negative in row 3 (keys whose low bits are all 1)."""
+    scores = narrow_dtype_rows(dtype, 4, 300, steps=9, seed=6)
+    out, state = _indices(scores, 24, config={**WHOLE_SAMPLE, "MULTI_INTERP": interp})
+    _check(scores, 24, out)
+    assert not _retried(state).any()
+    shift = 16 if dtype == torch.bfloat16 else 13
+    kth = topk_ref.score_keys_ref(scores.float()).sort(1, descending=True).values[:, 23]
+    estimate = state[:, topk.ST_ESTIMATE.value].to(torch.int64) & 0xFFFFFFFF
+    assert torch.equal(estimate, kth & ~((1 << shift) - 1))
+
+
 @GEOMETRIES
 @pytest.mark.parametrize("finish", ["bit", "pairs", "interp", "kernel", "kernel_bisect",
                                     "kernel_keys", "interp_sample", "kernel_interp_sample"])
