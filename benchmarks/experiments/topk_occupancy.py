@@ -63,7 +63,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import bench_topk as bt  # noqa: E402
 
-from fxfuse.kernels import topk  # noqa: E402
+from fxfuse.kernels import topk, topk_ref  # noqa: E402
 
 # Every variant spells out the geometry it times, so the names keep their meaning as the table
 # changes: W16 is the catch-all entry the 2026-12-05 runs 1-2 called "table".
@@ -149,6 +149,25 @@ def _path(name: str) -> str:
     return "row" if name in ROW_PATH else "multi"
 
 
+def _short_rows(sets, k, short, seed):
+    """The input sets with each row's length drawn in (k, short], the same draw for every set."""
+    lengths = sets[0][1]
+    g = torch.Generator(device=lengths.device).manual_seed(seed)
+    drawn = torch.randint(k + 1, short + 1, lengths.shape, generator=g, device=lengths.device,
+                          dtype=torch.int32)  # fmt: skip
+    return [(scores, drawn, table) for scores, _, table in sets]
+
+
+def _check_short(mod, inputs, k, config, path) -> str:
+    """A variant's page transform of the short rows against the reference: "exact" or why not."""
+    scores, lengths, table = inputs
+    out = mod.topk_page_transform(scores, k, lengths, table, bt.PAGE_SIZE, config=config,
+                                  path=path)  # fmt: skip
+    ref = topk_ref.topk_page_transform_ref(scores, k, lengths, table, bt.PAGE_SIZE)
+    ok = bt._same_sets(out, ref)
+    return "exact" if ok else f"{(out.sort(-1).values != ref.sort(-1).values).sum()} slots differ"
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="/tmp/fxfuse_results")
@@ -162,6 +181,9 @@ def main(argv=None) -> None:
     p.add_argument("--shapes", type=_shapes, default=list(SHAPES), help="rows x length list")
     p.add_argument("--dtype", choices=list(bt.DTYPES.values()), default="fp32",
                    help="the scores' dtype (bf16: the k-th score tied tens of times)")
+    p.add_argument("--short", type=int, default=0, metavar="L",
+                   help="each row's length drawn in (k, L] (a decode batch of short contexts "
+                        "in a long bucket: rows the sample holds whole); checked and timed so")
     args = p.parse_args(argv)
     modules = {}
     if args.old:
@@ -190,22 +212,29 @@ def main(argv=None) -> None:
     for rows, length in args.shapes:
         for k in [int(v) for v in args.topks.split(",")]:
             checked = {}
+            sets = bt.page_inputs(rows, length, device, seed=rows + k, dtype=dtype,
+                                  copies=bt.copies_for(rows * length * 4, True))  # fmt: skip
+            if args.short:
+                sets = _short_rows(sets, k, args.short, seed=rows + k)
             for name in names:
                 if name in unchecked:
                     checked[name] = "unchecked"  # a measurement-only patch
                     continue
                 bt.topk = modules.get(name, topk)  # check_page_case calls bt.topk
                 try:
-                    ok, why = bt.check_page_case(rows, length, k, device, config=configs[name],
-                                                 path=_path(name), dtype=dtype)  # fmt: skip
+                    if args.short:
+                        why = _check_short(modules.get(name, topk), sets[0], k, configs[name],
+                                           _path(name))  # fmt: skip
+                    else:
+                        ok, why = bt.check_page_case(rows, length, k, device,
+                                                     config=configs[name], path=_path(name),
+                                                     dtype=dtype)  # fmt: skip
                 except ValueError as e:  # a variant the launcher refuses: noted, not timed
                     why = f"refused: {e}"
                 except Exception as e:  # a variant that fails to compile or run: noted, not timed
                     why = f"failed: {type(e).__name__}: {str(e)[:300]}"
                 checked[name] = why
             bt.topk = topk
-            sets = bt.page_inputs(rows, length, device, seed=rows + k, dtype=dtype,
-                                  copies=bt.copies_for(rows * length * 4, True))  # fmt: skip
 
             def make(name):
                 mod, cfg = modules.get(name, topk), configs[name]
@@ -225,6 +254,7 @@ def main(argv=None) -> None:
                 for n, fn in fns.items():
                     times[n].append(round(bt.time_us(fn, graph=True), 2))
             row = {"rows": rows, "length": length, "k": k, "dtype": args.dtype, "us": times,
+                   **({"short": args.short} if args.short else {}),
                    "checks": checked, "roofline_us": round(
                        rows * length * dtype.itemsize / bt.COPY_BYTES_PER_US, 2)}  # fmt: skip
             print(json.dumps(row), flush=True)
