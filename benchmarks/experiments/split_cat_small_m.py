@@ -35,13 +35,11 @@ from fxfuse.kernels._plans import launch
 from fxfuse.kernels.rms_norm_quant_ref import quant_fp8_ref
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_gemm_split_cat import rotating  # noqa: E402
+from bench_gemm_split_cat import CASES, rotating  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 BF16 = torch.bfloat16
 L2_BYTES = 60 * 2**20
-KV_B = {"k": 512, "d": 16, "s1": 128, "s2": 128, "s3": 64}
-OTHER = {"k": 1024, "d": 8, "s1": 96, "s2": 160, "s3": 32}
 
 
 @triton.jit
@@ -313,6 +311,8 @@ def main():
     parser.add_argument("--dense-m", default="32,64,128,256,512,768,1024,2048")
     parser.add_argument("--cat-best", default="current,tiles_r8w4,flat_1024w4")
     parser.add_argument("--dense-configs", default=",".join(DENSE_CONFIGS))
+    parser.add_argument("--cases", default="kv_b,other",
+                        help=f"bench_gemm_split_cat's shapes, comma-separated: {sorted(CASES)}")
     args = parser.parse_args()
     device = torch.device("cuda")
     # One compile per (shape, M) of each chain: more than dynamo's default limit of 8, past which
@@ -321,7 +321,10 @@ def main():
     torch._dynamo.config.accumulated_recompile_limit = 1024
     for label in set(DENSE_CONFIGS) - set(args.dense_configs.split(",")):
         del DENSE_CONFIGS[label]
-    shapes = {"kv_b": KV_B, "other": OTHER}
+    unknown = sorted(set(args.cases.split(",")) - set(CASES))
+    if unknown:
+        parser.error(f"--cases: unknown {unknown}; expected names from {sorted(CASES)}")
+    shapes = {name: CASES[name] for name in args.cases.split(",")}
     rows = []
     parts = args.parts.split(",")
     best = args.cat_best.split(",")
