@@ -660,6 +660,22 @@ def test_gpu_prefetch(prefetch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("interp", [0, 2], ids=["bisect", "interp_sample"])
+def test_gpu_short_narrow_rows(dtype, interp):
+    # Rows the 8192-score sample holds whole in the 128K bucket (a varlen decode batch): their
+    # exact k-th key over the narrowed bf16 / fp16 keys, compiled; the k-th value tied many
+    # times, negative rows (keys whose low bits are all 1), -inf and NaN.
+    k, rows, length = 2048, 8, 131072
+    scores = narrow_dtype_rows(dtype, rows, length, steps=40, seed=9)
+    lengths = torch.tensor([k + 1, 3000, 8192, 5000, 4096, 8000, 2500, 131072], dtype=torch.int32)
+    out = topk.topk_indices(scores.cuda(), k, lengths.cuda(), path="multi",
+                            config={"MULTI_INTERP": interp})  # fmt: skip
+    _check(scores, k, out.cpu(), lengths=lengths)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("name", ["constant", "ascending", "nan_mix", "top30_equal", "signed_zeros"])
 def test_gpu_multi_adversarial(name):
     scores = _adversarial(name, 8, 32768)
