@@ -34,11 +34,35 @@ def _kernels():
     return kernels
 
 
-def _check_norm_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None):
+# The dtypes the ops take (the references compute in fp32 from any of them); the kernels read
+# _KERNEL_DTYPES, and a call with another of these runs the reference (as without Triton).
+_FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+# The dtypes the kernels read (rms_norm_quant.FLOAT_DTYPES, not imported here: that loads triton).
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check_float(name: str, dtype: torch.dtype) -> None:
+    if dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"{name}: dtype must be one of {_FLOAT_DTYPES}, got {dtype}")
+
+
+def _kernel_dtypes(*dtypes: torch.dtype | None) -> bool:
+    """Whether the kernels read (and write) these dtypes; None: an output in the input's."""
+    return all(dtype is None or dtype in _KERNEL_DTYPES for dtype in dtypes)
+
+
+def _check_norm_args(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
+    out_dtype: torch.dtype | None = None, out_name: str = "out_dtype",
+):  # fmt: skip
     if x.dim() < 1 or x.shape[-1] == 0:
         raise ValueError(f"x: expected a tensor with a non-empty last dim, got shape {tuple(x.shape)}")
+    _check_float("x", x.dtype)
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"weight: expected shape ({x.shape[-1]},), got {tuple(weight.shape)}")
+    _check_float("weight", weight.dtype)
+    if out_dtype is not None:
+        _check_float(out_name, out_dtype)
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
         raise ValueError(
             f"residual: expected {tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)} "
@@ -50,10 +74,10 @@ def _check_norm_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tens
 
 
 def _norm(x, weight, eps, residual, weight_offset, round_before_weight, out_dtype, reciprocal_sqrt):
-    _check_norm_args(x, weight, residual)
+    _check_norm_args(x, weight, residual, out_dtype)
     rows = _rows(x)
     res_rows = None if residual is None else _rows(residual)
-    if use_triton(x, weight):
+    if use_triton(x, weight) and _kernel_dtypes(x.dtype, weight.dtype, out_dtype):
         # The kernel always computes 1 / sqrt_rn(...), exactly the `1/sqrt` spelling; for `rsqrt`
         # spellings it can differ by 1 ulp (SPEC §5), as torch's own rsqrt does across devices.
         y, h = _kernels().rms_norm(
@@ -91,7 +115,7 @@ def rms_norm(
 @rms_norm.register_fake
 def _(x, weight, eps, weight_offset=0.0, round_before_weight=True, out_dtype=None,
       reciprocal_sqrt=False):
-    _check_norm_args(x, weight, None)
+    _check_norm_args(x, weight, None, out_dtype)
     return x.new_empty(x.shape, dtype=out_dtype or x.dtype)
 
 
@@ -115,15 +139,11 @@ def add_rms_norm(
 @add_rms_norm.register_fake
 def _(x, residual, weight, eps, weight_offset=0.0, round_before_weight=True, out_dtype=None,
       reciprocal_sqrt=False):
-    _check_norm_args(x, weight, residual)
+    _check_norm_args(x, weight, residual, out_dtype)
     return x.new_empty(x.shape, dtype=out_dtype or x.dtype), torch.empty_like(x)
 
 
 # --- quant --------------------------------------------------------------------------------------
-
-
-# The dtypes the kernels read (rms_norm_quant.FLOAT_DTYPES, not imported here: that loads triton).
-_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _quant_kernel_applies(x: torch.Tensor) -> bool:
@@ -142,6 +162,7 @@ def _quant_rows(x: torch.Tensor, scale_col_major: bool, **quant_args):
 
 
 def _check_fp8_args(x: torch.Tensor, group_size: int, fp8_dtype: torch.dtype):
+    _check_float("x", x.dtype)
     formats.fp8_max(fp8_dtype)
     if group_size < 0 or (group_size and x.shape[-1] % group_size):
         raise ValueError(
@@ -201,6 +222,7 @@ def _(x, group_size=0, fp8_dtype=torch.float8_e4m3fn, eps=1e-10, eps_on_scale=Fa
 
 
 def _check_mxfp4_args(x: torch.Tensor, rounding: str):
+    _check_float("x", x.dtype)
     formats.check_rounding(rounding)
     if x.shape[-1] % formats.MXFP4_BLOCK:
         raise ValueError(f"x: last dim must be a multiple of 32 for MXFP4, got {x.shape[-1]}")
@@ -230,10 +252,11 @@ def _mxfp4_fake(x, rounding="even"):
 
 def _fused(x, residual, weight, eps, norm_args, quant_args, write_norm=False):
     """(q, scale, h), and y (the normed value) last when write_norm."""
-    _check_norm_args(x, weight, residual)
+    norm_dtype = norm_args["norm_dtype"]
+    _check_norm_args(x, weight, residual, norm_dtype, "norm_dtype")
     rows = _rows(x)
     res_rows = None if residual is None else _rows(residual)
-    if use_triton(x, weight):
+    if use_triton(x, weight) and _kernel_dtypes(x.dtype, weight.dtype, norm_dtype):
         kernel_norm_args = {k: v for k, v in norm_args.items() if k != "reciprocal_sqrt"}
         q, scale, h, y = _kernels().rms_norm_quant(
             rows, weight, eps, res_rows, **kernel_norm_args, **quant_args, write_norm=write_norm
@@ -249,7 +272,7 @@ def _fused(x, residual, weight, eps, norm_args, quant_args, write_norm=False):
 
 def _fused_fake(x, residual, weight, norm_args, quant_args, write_norm=False):
     """`_fused`'s outputs as empty tensors: (q, scale, h), and y last when write_norm."""
-    _check_norm_args(x, weight, residual)
+    _check_norm_args(x, weight, residual, norm_args["norm_dtype"], "norm_dtype")
     y_fake = x.new_empty(x.shape, dtype=norm_args["norm_dtype"] or x.dtype)
     if quant_args["quant"] == "mxfp4":
         q, scale = _mxfp4_fake(y_fake, quant_args["rounding"])

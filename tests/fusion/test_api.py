@@ -8,6 +8,7 @@ from torch import nn
 
 import fxfuse
 from fxfuse.fusion.config import parse_disable_env
+from fxfuse.kernels.rms_norm_quant_ref import quant_fp8_ref, rms_norm_ref
 from fxfuse.runtime.target import detect_target
 from tests.helpers import fused_targets, outputs_bytes_equal
 from tests.patterns.test_rms_norm_quant import Chain, NearMiss, _inputs, llama, per_token_div
@@ -223,6 +224,42 @@ def test_public_ops_validate_arguments():
         fxfuse.ops.quant_mxfp4(torch.randn(4, 48))
     with pytest.raises(ValueError, match="residual"):
         fxfuse.ops.rms_norm(x, torch.ones(64), 1e-6, residual=torch.ones(2, 64))
+
+
+def test_public_ops_validate_dtypes():
+    """Non-float inputs are refused by name on every path (the reference would return a wrong
+    integer result); an out dtype likewise."""
+    x, w = torch.randn(4, 64), torch.ones(64)
+    for bad in (x.to(torch.int32), x.to(torch.float8_e4m3fn)):
+        with pytest.raises(ValueError, match=r"^x: dtype"):
+            fxfuse.ops.rms_norm(bad, w, 1e-6)
+        with pytest.raises(ValueError, match=r"^x: dtype"):
+            fxfuse.ops.quant_fp8(bad)
+        with pytest.raises(ValueError, match=r"^x: dtype"):
+            fxfuse.ops.quant_mxfp4(bad)
+    with pytest.raises(ValueError, match=r"^weight: dtype"):
+        fxfuse.ops.rms_norm(x, w.to(torch.int32), 1e-6)
+    with pytest.raises(ValueError, match=r"^out_dtype: dtype"):
+        torch.ops.fxfuse.rms_norm(x, w, 1e-6, 0.0, True, torch.int8)
+    norm = (1e-6, 0.0, True, torch.int8, False)  # norm_dtype int8
+    quant = ("fp8", 0, torch.float8_e4m3fn, 1e-10, False, False, False, "even")
+    with pytest.raises(ValueError, match=r"^norm_dtype: dtype"):
+        torch.ops.fxfuse.rms_norm_quant(x, w, *norm, *quant)
+
+
+def test_float64_runs_the_reference_where_the_kernels_would_run():
+    """fp64 (which the kernels do not read) takes the torch reference under the interpreter, as
+    without Triton, instead of the kernel's dtype error."""
+    x, w = torch.randn(4, 64, dtype=torch.float64), torch.rand(64, dtype=torch.float64)
+    want_y, want_h = rms_norm_ref(x, w, 1e-6, x)
+    y, h = fxfuse.ops.rms_norm(x, w, 1e-6, residual=x)
+    assert torch.equal(y, want_y) and torch.equal(h, want_h)
+    q, scale = torch.ops.fxfuse.rms_norm_quant(
+        x, w, 1e-6, 0.0, True, None, False, "fp8", 0, torch.float8_e4m3fn, 1e-10, False, False,
+        False, "even",
+    )  # fmt: skip
+    want_q, want_scale = quant_fp8_ref(rms_norm_ref(x, w, 1e-6)[0], 0, torch.float8_e4m3fn)
+    assert torch.equal(q.float(), want_q.float()) and torch.equal(scale, want_scale)
 
 
 def test_all_reduce_without_a_process_group_is_a_copy():
