@@ -151,6 +151,16 @@ def _same_sets(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.sort(-1).values, b.sort(-1).values)
 
 
+def page_verdict(out: torch.Tensor, ref: torch.Tensor, sorted=False) -> tuple[bool, str]:
+    """(ok, "exact" or how many slots differ) of a page transform against its reference: equal
+    where sorted, the same sets otherwise."""
+    ok = torch.equal(out, ref) if sorted else _same_sets(out, ref)
+    return (
+        ok,
+        "exact" if ok else f"{(out.sort(-1).values != ref.sort(-1).values).sum()} slots differ",
+    )
+
+
 def check_page_case(
     rows, length, k, device, sorted=False, config=None, path=None, dtype=torch.float32
 ) -> tuple[bool, str]:
@@ -163,11 +173,7 @@ def check_page_case(
         scores, k, lengths, table, PAGE_SIZE, sorted=sorted, config=config, path=path
     )
     ref = topk_ref.topk_page_transform_ref(scores, k, lengths, table, PAGE_SIZE, sorted=sorted)
-    ok = torch.equal(out, ref) if sorted else _same_sets(out, ref)
-    return (
-        ok,
-        "exact" if ok else f"{(out.sort(-1).values != ref.sort(-1).values).sum()} slots differ",
-    )
+    return page_verdict(out, ref, sorted)
 
 
 def check_families(device) -> list[tuple[str, bool]]:
