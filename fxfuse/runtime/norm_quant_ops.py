@@ -149,7 +149,7 @@ def _(x, residual, weight, eps, weight_offset=0.0, round_before_weight=True, out
 def _quant_kernel_applies(x: torch.Tensor) -> bool:
     """Whether the quant-only kernel runs (else the reference): Triton active, a float dtype the
     kernel reads, a non-empty last dim (the reference's own errors stay its own)."""
-    return x.dtype in _KERNEL_DTYPES and x.shape[-1] > 0 and use_triton(x)
+    return _kernel_dtypes(x.dtype) and x.shape[-1] > 0 and use_triton(x)
 
 
 def _quant_rows(x: torch.Tensor, scale_col_major: bool, **quant_args):
