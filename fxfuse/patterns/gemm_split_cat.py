@@ -451,7 +451,9 @@ y = Any("y")
 
 def _scatter(base: Pat, src: Pat, name: str) -> Op:
     """slice_scatter(base, [copy(slice(..), src) | src], dim, start, end, step)."""
-    copied = Alt(Op(aten.copy.default, Op(aten.slice.Tensor, Any()), src), src)
+    # (the slice only gives the copy its shape, which the guard checks with the scatter's range)
+    window = Op(aten.slice.Tensor, Any(), dim=Any(), start=Any(), end=Any(), step=Any())
+    copied = Alt(Op(aten.copy.default, window, src), src)
     ranges = (Lit(f"{name}_dim"), Lit(f"{name}_start"), Lit(f"{name}_end"), Lit(f"{name}_step"))
     return Op(aten.slice_scatter.default, base, copied, *ranges, name=name)
 

@@ -6,7 +6,10 @@ A pattern is a tree of `Pat` objects matched from a root node towards its inputs
 
 - `Op(targets, *args, commutative=False, name=None, **kwargs)`: a call_function node whose target is
   one of `targets`; positional patterns match the node's arguments as normalized by the op schema
-  (defaults filled), keyword patterns match named arguments.
+  (defaults filled), keyword patterns match named arguments. An argument with a schema default
+  that the pattern names neither way must hold that default (clamp's `max`, add's `alpha`), except
+  the few that only say where or how the result is stored (`STORAGE_ARGS`): a pattern never
+  matches an op whose unnamed arguments change its values.
 - `Any(name)`: anything (a node or a literal), bound to `name`.
 - `Lit(name, value=...)`: a non-node literal (optionally equal to `value`), bound to `name`.
 - `Alt(*pats, name=None)`: the first alternative that matches (with backtracking).
@@ -42,6 +45,9 @@ CAST_TARGETS = (
     prims.convert_element_type.default,
     aten.type_as.default,
 )
+# Schema arguments that say where or how a result is stored, not what its values are: an Op
+# pattern that does not name them matches whatever they hold.
+STORAGE_ARGS = frozenset({"memory_format", "non_blocking", "layout", "pin_memory", "device"})
 
 
 @dataclasses.dataclass
@@ -196,6 +202,8 @@ class Op(Pat):
         positional = list(named.values())
         if len(positional) < len(self.args):
             return
+        if not _unnamed_at_defaults(value, named, len(self.args), self.kwargs):
+            return
         orders = [positional[: len(self.args)]]
         if self.commutative and len(self.args) == 2:
             orders.append(orders[0][::-1])
@@ -258,6 +266,36 @@ def Getitem(inner: Pat, index: int) -> Op:
 
 def _as_pat(value: Pat | AnyType) -> Pat:
     return value if isinstance(value, Pat) else Lit(value=value)
+
+
+def _unnamed_at_defaults(node: fx.Node, named: dict, listed: int, kwargs: dict) -> bool:
+    """Whether every schema argument with a default past the first `listed`, not in `kwargs` nor
+    in STORAGE_ARGS, holds its default: the pattern did not look at it, so it must not matter.
+    Arguments without a default are the pattern's (or its guard's) to check."""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return True
+    schema = node.target._schema.arguments
+    factory = any(arg.name == "layout" for arg in schema)
+    for arg in schema[listed:]:
+        if arg.name in kwargs or arg.name in STORAGE_ARGS or not arg.has_default_value():
+            continue
+        if factory and arg.name == "dtype":
+            # a factory op's (full, empty, new_ones ...: it takes a layout) dtype is that of the
+            # tensor it makes, which its meta value shows and the guards read there
+            continue
+        if arg.name in named and not _is_default(named[arg.name], arg.default_value):
+            return False
+    return True
+
+
+def _is_default(value: AnyType, default: AnyType) -> bool:
+    if isinstance(value, fx.Node):
+        return False
+    if isinstance(default, (list, tuple)) or isinstance(value, (list, tuple)):
+        return list(value or []) == list(default or [])
+    if isinstance(value, torch.dtype) and isinstance(default, int):
+        return value == _dtype_of_enum(default)
+    return same_value(value, default)
 
 
 def _match_all(pairs: list, state: _State) -> Iterator[_State]:

@@ -1296,7 +1296,11 @@ def mask_replace(m: Match, ctx, insert: Inserter):
 _forced = _fill(Any("block_scores"), _leaf, Const("forced_fill"), "forcing")
 _eligible = _fill(Alt(_forced, Any("block_scores")), _leaf, Const("ineligible_fill"), "causal")
 _block_checked = _fill(_topk_indices(_eligible), _test_of("idx"), Const("big"), "idx_masking")
-_block_sorted = Alt(Getitem(Op(SORT, _block_checked, name="sort"), 0), name="sorted_idx")
+# (the guard reads the sort's dim and order)
+_block_sorted = Alt(
+    Getitem(Op(SORT, _block_checked, name="sort", dim=Any(), descending=Any()), 0),
+    name="sorted_idx",
+)
 _blocks = _fill(_block_sorted, _test_of("sorted_idx"), Const("block_pad"), "pad_masking")
 BLOCK_TABLE = Alt(Cast(_blocks), _blocks)
 
@@ -1480,9 +1484,11 @@ def _page_test(name: str) -> Pat:
 
 
 _pages_masked = _fill(_page_ids, _page_test, Const("page_pad"), "page_masking")
-PAGES = Alt(
-    Op((aten.flatten.using_ints, *VIEWS[:3]), _pages_masked, name="pages_view"), _pages_masked
-)
+PAGES = Alt(  # (a view: the guard reads its shape, flatten's dims included)
+    Op((aten.flatten.using_ints, *VIEWS[:3]), _pages_masked, name="pages_view",
+       start_dim=Any(), end_dim=Any()),
+    _pages_masked,
+)  # fmt: skip
 
 CONST_OPS = (aten.arange.default, aten.arange.start, aten.arange.start_step, prims.iota.default,
              aten.repeat.default, aten.mul.Tensor, aten.mul.Scalar, aten.add.Tensor,

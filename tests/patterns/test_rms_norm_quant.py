@@ -466,6 +466,29 @@ def test_wrong_clamp_bounds_do_not_fire(reference_path):
     _assert_not_fused(NearMiss(body), _inputs()[:1], "clamp to")
 
 
+@pytest.mark.parametrize("bound", ["amax", "scale"])
+def test_amax_clamp_with_an_upper_bound_does_not_fire(bound, reference_path):
+    """The quant's clamp also caps the amax (or scale) from above: the kernel's scale has no
+    such cap, and the pattern, which names only clamp's lower bound, must see the upper one."""
+
+    def body(x, w):
+        y = llama(x, w)
+        amax = y.abs().amax(-1, keepdim=True).float()
+        if bound == "amax":
+            scale = amax.clamp(min=1e-10, max=1.0) / 448.0
+        else:
+            scale = (amax / 448.0).clamp(1e-10, 1e-3)
+        return (y.float() / scale).clamp(-448.0, 448.0).to(FP8), scale
+
+    model, inputs = NearMiss(body), _inputs()[:1]
+    fused = _fuse(model, inputs)
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 0, str(fused.fxfuse_report)
+    assert not any("quant" in t for t in fused_targets(fused))
+    got, want = fused(*inputs), model(*inputs)
+    assert want[1].max() < inputs[0].abs().amax(-1).min() / 448.0  # the cap binds
+    assert outputs_bytes_equal(got, want)
+
+
 def test_statistics_not_in_fp32_do_not_fire(reference_path):
     def body(x, w):  # mean(x²) in fp16: a different number, not our kernel's
         h = x.to(torch.float16)

@@ -405,6 +405,26 @@ def test_page_transform_near_misses(fn, reason, reference_path):
     _assert_not_fired(fn, (scores, lengths, table), "topk_page_transform", reason)
 
 
+def page_add_alpha(scores, lengths, page_table, k=K, page_size=4):
+    """The page's base and the offset in it added with alpha 2: not the page transform."""
+    pos = torch.arange(scores.shape[1])
+    idx = scores.masked_fill(lengths[:, None] <= pos[None, :], NEG_INF).topk(k).indices
+    idx = torch.where(idx >= lengths[:, None], -1, idx)
+    safe = idx.clamp(min=0)
+    base = torch.gather(page_table, 1, safe // page_size) * page_size
+    return torch.where(idx < 0, -1, torch.add(base, safe % page_size, alpha=2)).int()
+
+
+@pytest.mark.parametrize("ir", ["export", "compile"])
+def test_page_add_with_alpha_does_not_fire(ir, reference_path):
+    """Patterns name add's two operands only; the alpha they do not name must be 1."""
+    args = _page_case(page_size=4)
+    out, report, ran = _fuse(page_add_alpha, args, ir)
+    assert report.counts["topk_page_transform"] == 0, str(report)
+    assert "fxfuse.topk" not in ran, ran
+    assert torch.equal(out, Model(page_add_alpha)(*args))
+
+
 @pytest.mark.parametrize("ir", ["export", "compile"])
 def test_page_size_not_power_of_two_does_not_fire(ir, reference_path):
     scores, lengths, table = _page_case(length=96, page_size=48)
