@@ -143,9 +143,10 @@ class SplitPieces(Pat):
 
 class SliceCopies(Pat):
     """`buf = t.new_empty(..); buf[..., :S1].copy_(lo); buf[..., S1:].copy_(hi)` entered at buf
-    (export keeps the in-place copies). Binds `copies` (for the engine to erase), and `tag` when
-    given; covers buf, both slices and both copies. Every other reader of buf must come after
-    the copies, and nothing else may mutate in between."""
+    (export keeps the in-place copies). Binds `copies` (for the engine to erase), `copy_split`
+    (S1, where hi's slice starts: the guard checks it is the piece's width, since copy_
+    broadcasts), and `tag` when given; covers buf, both slices and both copies. Every other
+    reader of buf must come after the copies, and nothing else may mutate in between."""
 
     def __init__(self, lo: Pat, hi: Pat, tag: str | None = None):
         self.lo, self.hi, self.tag = lo, hi, tag
@@ -175,6 +176,7 @@ class SliceCopies(Pat):
             [(self.lo, copies[0].args[1]), (self.hi, copies[1].args[1])], state
         ):
             result.bindings["copies"] = copies
+            result.bindings["copy_split"] = hi_start
             if self.tag:
                 result.bindings[self.tag] = True
             result.nodes.extend([value, *slices, *copies])
@@ -669,6 +671,9 @@ def _cat_guard(m: Match) -> str | None:
     width = static_int(out.shape[-1])
     if "cat_dim" in m.bindings and _norm_dim(m["cat_dim"], ndim) != ndim - 1:
         return f"cat along dim {m['cat_dim']}, not the split dim"
+    if "copy_split" in m.bindings and m["copy_split"] != s1:
+        # copy_ broadcasts: a narrower piece would fill the whole slice
+        return f"the copies write the {s1} wide piece into {m['copy_split']} columns"
     for name, want in (("piece_scatter", (0, s1)), ("y_scatter", (s1, width))):
         if name in m.bindings:
             if _norm_dim(m[f"{name}_dim"], ndim) != ndim - 1 or m[f"{name}_step"] != 1:

@@ -355,6 +355,19 @@ def test_no_rope_copy_of_the_second_piece_does_not_fire(reference_path):
     _assert_not_fused(body, _inputs(hf_no_rope), "split piece 1")
 
 
+def test_copies_that_broadcast_the_piece_do_not_fire(reference_path):
+    def body(x, w, y):  # hf_new_empty with a 1 wide piece copied into 4 columns (copy_ broadcasts)
+        b, _, s, _ = x.shape
+        kv = F.linear(x, w).view(b, s, -1, S1 + S2).transpose(1, 2)
+        narrow, rest = torch.split(kv, [1, S1 + S2 - 1], dim=-1)
+        key = kv.new_empty(*kv.shape[:-1], 4 + S3)
+        key[..., :4].copy_(narrow)
+        key[..., 4:].copy_(y.expand(-1, narrow.shape[1], -1, -1))
+        return key, rest
+
+    _assert_not_fused(body, _inputs(hf_new_empty), "into 4 columns")
+
+
 def test_y_computed_from_the_gemm_does_not_fire(reference_path):
     def body(x, w, y):  # DeepSeek q: cat((q_nope, rope(q_pe)))
         c1, c2 = _chain(x, w)
