@@ -39,3 +39,22 @@ def test_scalar_condition_in_mask(mode):
     if mode == 2:  # no pid condition: the second program writes too
         want[16:21] = torch.arange(1, 6, dtype=torch.float32)
     assert torch.equal(x, want)
+
+
+@triton.jit
+def _count_to(x_ptr, n_ptr):
+    n = tl.load(n_ptr)
+    total = 0
+    for _ in range(0, n):  # a loop bound read from memory: a scalar tensor's __index__
+        total += 1
+    for i in tl.range(tl.program_id(0), n, 2):
+        total += i
+    tl.store(x_ptr + tl.program_id(0), total)
+
+
+def test_scalar_tensor_as_a_loop_bound():
+    import fxfuse.kernels  # noqa: F401  (applies the workaround)
+
+    x = torch.zeros(2, dtype=torch.int32)
+    _count_to[(2,)](x, torch.tensor([5], dtype=torch.int32))
+    assert x.tolist() == [5 + 0 + 2 + 4, 5 + 1 + 3]
