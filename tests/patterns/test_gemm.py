@@ -340,7 +340,7 @@ def test_torch_compile_with_a_dynamic_token_dim_fuses_one_graph(reference_path):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
-def test_torch_compile_dynamic_true_says_why_the_quant_stays(reference_path, monkeypatch):
+def test_torch_compile_dynamic_true_says_why_the_quant_stays(reference_path):
     """dynamic=True passes Python floats (FP8_MAX) as graph inputs: the quant cannot be read as
     FP8 per token, and the report says so and what to do; with floats specialized it fuses."""
     model = NormLinear("fp8_rowwise").requires_grad_(False)
@@ -351,9 +351,10 @@ def test_torch_compile_dynamic_true_says_why_the_quant_stays(reference_path, mon
     assert report.counts["rmsnorm_quant_gemm"] == 0 and report.counts["rmsnorm_quant"] == 0
     reasons = [why for name, _, why in report.rejected if name == "rmsnorm_quant"]
     assert reasons and all("specialize_float" in why for why in reasons), reasons
-    monkeypatch.setattr(torch._dynamo.config, "specialize_float", True)
     torch._dynamo.reset()
-    out, _ = torch.compile(model, backend="fxfuse", dynamic=True)(x, r)
+    # config.patch, not monkeypatch: undoing a monkeypatch of this flag deletes it in torch 2.11
+    with torch._dynamo.config.patch(specialize_float=True):
+        out, _ = torch.compile(model, backend="fxfuse", dynamic=True)(x, r)
     assert fxfuse.last_report().counts["rmsnorm_quant_gemm"] == 1
     assert _rel(out, _expected_fp8(model, x, r)) <= 1e-2
 

@@ -398,7 +398,7 @@ class EpsArgument(nn.Module):
         return per_token_div(llama(x, self.weight, eps))
 
 
-def test_torch_compile_dynamic_true_says_why_an_eps_argument_stays(reference_path, monkeypatch):
+def test_torch_compile_dynamic_true_says_why_an_eps_argument_stays(reference_path):
     """dynamic=True passes a Python float argument (the norm's eps) as a graph input: the norm
     cannot be read, and the report says so and what to do; with floats specialized it fuses."""
     model, (x, _) = EpsArgument(), _inputs()
@@ -410,9 +410,9 @@ def test_torch_compile_dynamic_true_says_why_an_eps_argument_stays(reference_pat
     reasons = [why for name, _, why in report.rejected if name == "rmsnorm_quant"]
     assert any(why.startswith("eps is the graph input") and "specialize_float" in why
                for why in reasons), reasons
-    monkeypatch.setattr(torch._dynamo.config, "specialize_float", True)
     torch._dynamo.reset()
-    with torch.no_grad():
+    # config.patch, not monkeypatch: undoing a monkeypatch of this flag deletes it in torch 2.11
+    with torch.no_grad(), torch._dynamo.config.patch(specialize_float=True):
         got = torch.compile(model, backend="fxfuse", dynamic=True)(x, 1e-6)
     assert fxfuse.last_report().counts["rmsnorm_quant"] == 1, str(fxfuse.last_report())
     assert outputs_bytes_equal(got, model(x, 1e-6))
