@@ -1,6 +1,12 @@
 """Quantized linear layers written as ordinary torch code, the way model code spells them
 (dynamic per-token or 1×128 FP8 activations, MXFP4 through fxfuse.ops). fxfuse recognises these
-spellings; nothing here calls a fused kernel."""
+spellings; nothing here calls a fused kernel.
+
+The per-token FP8 GEMM is `torch._scaled_mm` with rowwise scales, except on the CPU of a torch
+whose CPU `_scaled_mm` takes per-tensor scales only (2.11; 2.13 takes rowwise ones): there it is
+`fxfuse.ops.gemm_fp8`, the same product spelled through fxfuse's reference op, so the model runs
+(and fuses) on either.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,20 @@ from fxfuse import ops
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 QUANT_KINDS = ("fp8_rowwise", "fp8_block", "mxfp4")
+
+
+def _cpu_rowwise_scaled_mm() -> bool:
+    """Whether this torch's CPU `torch._scaled_mm` takes rowwise scales (run once, at import:
+    outside any tracing, on real tensors)."""
+    q = torch.zeros(16, 16).to(FP8)
+    try:
+        torch._scaled_mm(q, q.t(), torch.ones(16, 1), torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+CPU_ROWWISE_SCALED_MM = _cpu_rowwise_scaled_mm()
 
 
 class QuantLinear(nn.Module):
@@ -48,10 +68,14 @@ class QuantLinear(nn.Module):
             amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-10)
             scale = amax / FP8_MAX
             q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-            out = torch._scaled_mm(
-                q, self.weight.t(), scale_a=scale, scale_b=self.weight_scale,
-                out_dtype=torch.bfloat16,
-            )
+            if x.device.type == "cpu" and not CPU_ROWWISE_SCALED_MM:
+                w_scale = self.weight_scale.view(-1)  # (N,): the op takes no (1, N)
+                out = ops.gemm_fp8(q, scale, self.weight, w_scale, torch.bfloat16)
+            else:
+                out = torch._scaled_mm(
+                    q, self.weight.t(), scale_a=scale, scale_b=self.weight_scale,
+                    out_dtype=torch.bfloat16,
+                )
         elif self.quant == "fp8_block":
             xg = x.float().view(-1, self.in_features // 128, 128)
             amax = xg.abs().amax(dim=-1, keepdim=True).clamp(min=1e-10)
