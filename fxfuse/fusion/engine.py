@@ -19,6 +19,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from fxfuse.patterns.matcher import Match, match_at
 from fxfuse.patterns.rule import Context, Inserter, Rule
 
+
 def fake_mode_of(graph: fx.Graph) -> FakeTensorMode:
     from torch._guards import detect_fake_mode
 
@@ -127,6 +128,10 @@ def _rewrite(rule: Rule, match: Match, outputs: list[fx.Node], ctx: Context) -> 
             return None
         pos = _position(graph)
         last_leaf = max(pos[leaf] for leaf in leaves)
+    written = _written_under(match, leaves, last_leaf, pos)
+    if written is not None:
+        ctx.report.reject(rule.report_name, match.root.name, written)
+        return None
     # Insert right after the last input so every new node precedes every consumer.
     anchor = next(n for n in graph.nodes if pos[n] == last_leaf + 1) if last_leaf + 1 < len(pos) else None
     if anchor is None:
@@ -161,6 +166,40 @@ def _rewrite(rule: Rule, match: Match, outputs: list[fx.Node], ctx: Context) -> 
             rule.name, match.root.name, created, replaced=replaced, created=created_names
         )
     return erased
+
+
+def _written_under(
+    match: Match, leaves: list[fx.Node], last_leaf: int, pos: dict[fx.Node, int]
+) -> str | None:
+    """Why the replacement, run just after the last input (position last_leaf + ½), would not
+    read what the matched nodes read: an in-place write outside the match (through any view) to
+    memory that a matched node reads, placed between that read and the replacement's (an input),
+    or between the value's computation and its read (a matched intermediate: `h[0] = 2` between
+    the residual add and the norm). None when there is none."""
+    inside = set(match.nodes)
+    spans: list[tuple[fx.Node, float, float]] = []  # (base memory, from, to) of each read
+    replaced_at = last_leaf + 0.5
+    for node in [*leaves, *match.nodes]:
+        reads = [pos[u] for u in node.users if u in inside]
+        if not reads:
+            continue
+        if node in inside:
+            spans.append((_base(node), pos[node], max(reads)))
+        else:
+            spans.append((_base(node), min(replaced_at, *reads), max(replaced_at, *reads)))
+    if not spans:
+        return None
+    start, end = min(s[1] for s in spans), max(s[2] for s in spans)
+    for node in match.root.graph.nodes:
+        at = pos[node]
+        if at <= start or at >= end or node in inside:
+            continue
+        written = _written(node)
+        hit = [b for b, lo, hi in spans if lo < at < hi and (written is None or b in written)]
+        if hit:
+            what = "may write anything" if written is None else f"writes {hit[0].name} in place"
+            return f"{node.name} ({node.target}) {what} between reads the replacement would merge"
+    return None
 
 
 def _hoist(graph: fx.Graph, leaves: list[fx.Node], first_user: int, pos: dict) -> bool:

@@ -7,7 +7,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxfuse
 from fxfuse.fusion.passes import run_passes
-from tests.helpers import fused_targets
+from tests.helpers import fused_targets, outputs_bytes_equal
+from tests.patterns.test_rms_norm_quant import llama, per_token_div
 
 FP8 = torch.float8_e4m3fn
 K, N = 64, 32
@@ -65,3 +66,59 @@ def test_late_input_behind_an_in_place_write_stays_and_is_reported(reference_pat
     want = _chain("weight_scale")(*[t.clone() for t in inputs])
     got = gm(*[t.clone() for t in inputs])
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+# --- in-place writes between the reads a replacement merges -------------------------------------
+
+
+class _WrittenChain(torch.nn.Module):
+    """residual add → RMSNorm → FP8 per-token quant, with an in-place write (through a view) to
+    the residual sum or the normed value at `where`; returns (q, scale, h)."""
+
+    def __init__(self, write: str):
+        super().__init__()
+        self.write = write
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, K).to(torch.bfloat16))
+
+    def forward(self, x, r):
+        h = x + r
+        if self.write == "view_add_":
+            h.view(-1).add_(1.0)
+        elif self.write == "slice_fill_":
+            h[:, :8].fill_(0.5)
+        elif self.write == "row_setitem":
+            h[0] = 2.0
+        y = llama(h, self.weight)
+        if self.write == "normed_setitem":
+            y[:, :4] = 3.0
+        q, scale = per_token_div(y)
+        if self.write == "after_the_chain":
+            h.add_(1.0)
+        return q, scale, h
+
+
+@pytest.mark.parametrize("write", ["view_add_", "slice_fill_", "row_setitem", "normed_setitem"])
+def test_a_write_between_merged_reads_stops_the_fusion(write, reference_path):
+    """torch.export keeps in-place writes. One between the residual add and the norm (or the norm
+    and the quant) must not be reordered after the fused op, which reads the inputs at once."""
+    model = _WrittenChain(write)
+    inputs = (torch.randn(4, K).to(torch.bfloat16), torch.randn(4, K).to(torch.bfloat16))
+    with torch.no_grad():
+        fused = fxfuse.apply_fusions(model, inputs)
+        got, want = fused(*inputs), model(*inputs)
+    report = fused.fxfuse_report
+    assert report.counts["rmsnorm_quant"] == 0, str(report)
+    assert not any("rms_norm_quant" in t for t in fused_targets(fused))
+    reasons = " | ".join(why for _, _, why in report.rejected)
+    assert "in place between reads the replacement would merge" in reasons, reasons
+    assert outputs_bytes_equal(got, want)
+
+
+def test_a_write_after_the_chain_still_fuses(reference_path):
+    model = _WrittenChain("after_the_chain")
+    inputs = (torch.randn(4, K).to(torch.bfloat16), torch.randn(4, K).to(torch.bfloat16))
+    with torch.no_grad():
+        fused = fxfuse.apply_fusions(model, inputs)
+        got, want = fused(*inputs), model(*inputs)
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1, str(fused.fxfuse_report)
+    assert outputs_bytes_equal(got, want)
