@@ -83,6 +83,13 @@ def run_rule(rule: Rule, ctx: Context, roots: Callable[[fx.Node], bool] | None =
     for match, outputs in candidates:
         if any(n in erased for n in match.nodes):
             continue  # consumed by an earlier rewrite of this run
+        if erased and _reads_any(match, erased):
+            # An input an earlier rewrite replaced (the residual sum of two norms, say): match
+            # again over the rewritten graph.
+            match = match_at(rule.pattern, match.root)
+            if match is None or _reads_any(match, erased):
+                continue
+            outputs = list(rule.outputs(match))
         escaped = escaping_interior(match, outputs, shared)
         if escaped is not None:
             users = ", ".join(u.name for u in escaped.users)
@@ -99,6 +106,15 @@ def run_rule(rule: Rule, ctx: Context, roots: Callable[[fx.Node], bool] | None =
             erased |= removed
             done += 1
     return done
+
+
+def _reads_any(match: Match, nodes: set[fx.Node]) -> bool:
+    """Whether the match's inputs or bindings include one of `nodes`."""
+    found: list[fx.Node] = []
+    fx.node.map_aggregate(
+        list(match.bindings.values()), lambda v: found.append(v) if isinstance(v, fx.Node) else v
+    )
+    return any(n in nodes for n in [*found, *_leaves(match.nodes)])
 
 
 def _rewrite(rule: Rule, match: Match, outputs: list[fx.Node], ctx: Context) -> set | None:

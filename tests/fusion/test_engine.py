@@ -7,6 +7,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxfuse
 from fxfuse.fusion.passes import run_passes
+from fxfuse.models.quant_linear import QuantLinear
 from tests.helpers import fused_targets, outputs_bytes_equal
 from tests.patterns.test_rms_norm_quant import llama, per_token_div
 
@@ -121,4 +122,35 @@ def test_a_write_after_the_chain_still_fuses(reference_path):
         fused = fxfuse.apply_fusions(model, inputs)
         got, want = fused(*inputs), model(*inputs)
     assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1, str(fused.fxfuse_report)
+    assert outputs_bytes_equal(got, want)
+
+
+class _TwoNormsOfOneSum(torch.nn.Module):
+    """h = x + r read by two norms (a parallel block), each into its own quantized linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1 = torch.nn.Parameter(torch.linspace(0.5, 1.5, K).to(torch.bfloat16))
+        self.w2 = torch.nn.Parameter(torch.linspace(1.5, 0.5, K).to(torch.bfloat16))
+        self.a = QuantLinear(torch.randn(64, K) / K**0.5)
+        self.b = QuantLinear(torch.randn(32, K) / K**0.5)
+
+    def forward(self, x, r):
+        h = x + r
+        return self.a(llama(h, self.w1)), self.b(llama(h, self.w2)), h
+
+
+def test_two_norms_of_one_residual_sum_both_fuse(reference_path):
+    """The first rewrite replaces h, which the second match had bound: it matches again over the
+    rewritten graph instead of reading the erased node (a lint error before)."""
+    torch.manual_seed(0)
+    model = _TwoNormsOfOneSum()
+    inputs = (torch.randn(4, K).to(torch.bfloat16), torch.randn(4, K).to(torch.bfloat16))
+    with torch.no_grad():
+        fused = fxfuse.apply_fusions(model, inputs)
+        got, want = fused(*inputs), model(*inputs)
+    assert fused.fxfuse_report.counts["rmsnorm_quant_gemm"] == 2, str(fused.fxfuse_report)
+    assert sorted(fused_targets(fused)) == [
+        "fxfuse.add_rms_norm_quant_gemm.default", "fxfuse.rms_norm_quant_gemm.default"
+    ]
     assert outputs_bytes_equal(got, want)
