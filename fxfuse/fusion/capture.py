@@ -49,7 +49,35 @@ def apply_fusions(
         raise ValueError(f"model: expected an nn.Module or fx.GraphModule, got {type(model).__name__}")
     inline_no_grad_regions(gm)
     gm.fxfuse_report = run_passes(gm, config)
+    _assert_input_dtypes(gm)
     return gm
+
+
+def _assert_input_dtypes(gm: fx.GraphModule) -> None:
+    """Checks the inputs first: export's shape guards (`_guards_fn`, which a replacement placed
+    after its last input may have come to follow), then each tensor input's dtype against the
+    example's. export checks dtypes only where a cast reads an input (asserts the passes drop
+    with the casts they guard), and the fused ops were chosen for these dtypes: fed others, a
+    fused graph would refuse them deep inside or compute something else."""
+    graph = gm.graph
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
+    tensors = [n for n in inputs if isinstance(n.meta.get("val"), torch.Tensor)]
+    if not inputs:
+        return
+    anchor = inputs[-1]
+    for node in graph.nodes:
+        if node.op == "call_module" and node.target == "_guards_fn":
+            anchor.append(node)  # it reads only inputs
+            anchor = node
+            break
+    for node in reversed(tensors):
+        with graph.inserting_after(anchor):
+            graph.call_function(
+                torch.ops.aten._assert_tensor_metadata.default, (node,),
+                {"dtype": node.meta["val"].dtype},
+            )  # fmt: skip
+    graph.lint()
+    gm.recompile()
 
 
 def inline_no_grad_regions(gm: fx.GraphModule) -> int:

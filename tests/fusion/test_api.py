@@ -73,6 +73,17 @@ def test_dynamic_shapes_pass_through(reference_path):
         assert outputs_bytes_equal(fused(*inputs), model(*inputs))
 
 
+def test_inputs_of_another_dtype_are_refused_as_export_refuses_them(reference_path):
+    """export checks the caller's dtypes against the example inputs'; the fused module keeps
+    that check (a bf16-traced chain fed fp32 gave other bytes, silently)."""
+    model, inputs = Chain(llama, per_token_div, True), _inputs()
+    fused = fxfuse.apply_fusions(model, inputs)
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+    with pytest.raises(RuntimeError, match="dtype mismatch"):
+        fused(inputs[0].float(), inputs[1])
+
+
 def test_graph_module_input_is_rewritten(reference_path):
     model, inputs = Chain(llama, per_token_div, True), _inputs()
     gm = torch.export.export(model, inputs, strict=False).module()
