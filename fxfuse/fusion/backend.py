@@ -38,18 +38,38 @@ class FxfusePostGradPass(CustomGraphPass):
         return hashlib.sha256((_source_hash() + repr(self.config)).encode()).digest()
 
 
-def fxfuse_backend(gm: fx.GraphModule, example_inputs, config: FusionConfig | None = None):
-    """The registered `fxfuse` torch.compile backend; `options={"config": FusionConfig(...)}`
-    style use goes through `make_backend(config)`."""
+def fxfuse_backend(
+    gm: fx.GraphModule,
+    example_inputs,
+    config: FusionConfig | None = None,
+    mode: str | None = None,
+    options: dict | None = None,
+):
+    """The registered `fxfuse` torch.compile backend. torch.compile's `mode` and `options` reach
+    Inductor as they would with backend="inductor" (`options` may also carry "config", a
+    FusionConfig, as `make_backend(config)` binds one)."""
     from torch._inductor import config as inductor_config
+    from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
-    report = FusionReport(target=(config or FusionConfig()).resolved_target())
+    inductor_options = dict(options or {})
+    if "config" in inductor_options:
+        if config is not None:
+            raise ValueError("options: a FusionConfig is given both as config and in options")
+        config = inductor_options.pop("config")
+    if config is not None and not isinstance(config, FusionConfig):
+        raise ValueError(f"config: expected a FusionConfig, got {type(config).__name__}")
+    if mode is not None and mode != "default":
+        inductor_options = {**list_mode_options(mode), **inductor_options}
+    config = config or FusionConfig()
+    report = FusionReport(target=config.resolved_target())
     _REPORTS.append(report)
-    custom_pass = FxfusePostGradPass(config or FusionConfig(), report)
+    custom_pass = FxfusePostGradPass(config, report)
     # A graph-cache hit skips the post-grad pass and would leave the report empty; until the
     # report is stored with the cache entry, compile afresh.
-    with inductor_config.patch(post_grad_custom_post_pass=custom_pass, fx_graph_cache=False):
+    with inductor_config.patch(
+        {**inductor_options, "post_grad_custom_post_pass": custom_pass, "fx_graph_cache": False}
+    ):
         return compile_fx(gm, example_inputs)
 
 

@@ -110,6 +110,28 @@ def test_torch_compile_backend_on_cpu(reference_path):
     assert outputs_bytes_equal(got, want)
 
 
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune-no-cudagraphs"])
+def test_torch_compile_takes_mode_and_options(mode, reference_path):
+    """torch.compile hands `mode` and `options` to the backend as keywords; they reach Inductor
+    (an unknown option is its error), and options may carry the FusionConfig."""
+    model, inputs = Chain(llama, per_token_div, True), _inputs()
+    with torch.no_grad():
+        want = model(*inputs)
+        torch._dynamo.reset()
+        got = torch.compile(model, backend="fxfuse", mode=mode)(*inputs)
+        assert fxfuse.last_report().counts["rmsnorm_quant"] == 1
+        assert outputs_bytes_equal(got, want)
+        torch._dynamo.reset()
+        off = fxfuse.FusionConfig(disable=("rmsnorm_quant",))
+        got = torch.compile(model, backend="fxfuse", options={"config": off})(*inputs)
+        assert "rmsnorm_quant" not in fxfuse.last_report().counts  # not run at all
+        torch._dynamo.reset()
+        assert outputs_bytes_equal(got, torch.compile(model, backend="inductor")(*inputs))
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="no_such_option"):
+            torch.compile(model, backend="fxfuse", options={"no_such_option": 1})(*inputs)
+
+
 class TwoNorms(nn.Module):
     """Two residual norms: the first feeds a spelled FP8 quant (fuses), the second a plain bf16
     linear (nothing to fuse it with)."""
