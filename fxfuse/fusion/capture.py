@@ -150,8 +150,25 @@ def _is_aten_graph(gm: fx.GraphModule) -> bool:
 
 
 def _ensure_fake_values(gm: fx.GraphModule, example_inputs: tuple) -> None:
-    if all("val" in n.meta for n in gm.graph.nodes if n.op not in ("output",)):
+    """Gives every node a fake value from the example inputs, unless all have fake values of one
+    fake mode already (export's; make_fx in real mode leaves each value a mode of its own)."""
+    nodes = [n for n in gm.graph.nodes if n.op != "output"]
+    if all("val" in n.meta for n in nodes) and len(_fake_modes(nodes)) <= 1:
         return
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fake_inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
     FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fake_inputs)
+
+
+def _fake_modes(nodes: list[fx.Node]) -> set:
+    """The fake modes of the nodes' tensor values (a real tensor counts as a mode of its own)."""
+    modes: set = set()
+
+    def note(value):
+        if isinstance(value, torch.Tensor):
+            modes.add(id(getattr(value, "fake_mode", value)))
+        return value
+
+    for node in nodes:
+        fx.node.map_aggregate(node.meta.get("val"), note)
+    return modes

@@ -93,6 +93,18 @@ def test_graph_module_input_is_rewritten(reference_path):
     assert outputs_bytes_equal(fused(*inputs), model(*inputs))
 
 
+def test_make_fx_real_mode_graph_is_rewritten(reference_path):
+    """make_fx's default (real) tracing gives each value a fake mode of its own: the values are
+    propagated afresh from the example inputs, as for a graph without any."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    model, inputs = Chain(llama, per_token_div, True), _inputs()
+    gm = make_fx(model)(*inputs)
+    fused = fxfuse.apply_fusions(gm, inputs)
+    assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
 def test_symbolic_trace_graph_is_retraced_and_rewritten(reference_path):
     model, inputs = Chain(llama, per_token_div, True), _inputs()
     fused = fxfuse.apply_fusions(torch.fx.symbolic_trace(model), inputs)
