@@ -50,7 +50,28 @@ def apply_fusions(
     inline_no_grad_regions(gm)
     gm.fxfuse_report = run_passes(gm, config)
     _assert_input_dtypes(gm)
+    _warn_no_backward(gm, example_inputs)
     return gm
+
+
+def _warn_no_backward(gm: fx.GraphModule, example_inputs: tuple) -> None:
+    """fxfuse's ops have no backward (the fused graph serves inference): where the capture ran
+    with grad enabled over something that requires grad and a rewrite happened, say so now,
+    rather than let a later backward leave the fused regions' gradients out (torch only warns
+    then, and the gradients are silently missing)."""
+    if not gm.fxfuse_report.rewrites or not torch.is_grad_enabled():
+        return
+    needs_grad = any(p.requires_grad for p in gm.parameters()) or any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs
+    )
+    if needs_grad:
+        warnings.warn(
+            f"apply_fusions: {len(gm.fxfuse_report.rewrites)} fused region(s) have no backward: "
+            "gradients do not flow through them. The fused module is for inference; capture and "
+            "run it under torch.no_grad() or torch.inference_mode(), or with parameters that do "
+            "not require grad.",
+            stacklevel=3,
+        )
 
 
 def _assert_input_dtypes(gm: fx.GraphModule) -> None:

@@ -1,6 +1,7 @@
 """The public contract of SPEC §1: apply_fusions, FusionConfig, env flags, the compile backend."""
 
 import importlib.metadata
+import warnings
 
 import pytest
 import torch
@@ -91,6 +92,17 @@ def test_graph_module_input_is_rewritten(reference_path):
     assert fused is gm  # aten graphs are rewritten in place
     assert fused.fxfuse_report.counts["rmsnorm_quant"] == 1
     assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
+def test_capture_with_grad_warns_that_fused_regions_have_no_backward(reference_path):
+    model, inputs = Chain(llama, per_token_div, True), _inputs()
+    with pytest.warns(UserWarning, match="no backward"):
+        fxfuse.apply_fusions(model, inputs)  # grad enabled, the weight requires grad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            fxfuse.apply_fusions(model, inputs)
+        fxfuse.apply_fusions(model.requires_grad_(False), inputs)
 
 
 def test_make_fx_real_mode_graph_is_rewritten(reference_path):
