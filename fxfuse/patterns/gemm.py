@@ -77,7 +77,8 @@ def _scaled_mm_guard(m: Match, ctx) -> str | None:
 
 def _scaled_mm_replace(m: Match, ctx, insert: Inserter):
     wt = m["wt"]
-    w = wt.args[0] if _is_transpose(wt) else insert.call(aten.t.default, (wt,))
+    # (permute, not t: Inductor decomposes t and cannot lower it in a post-grad graph)
+    w = wt.args[0] if _is_transpose(wt) else insert.call(aten.permute.default, (wt, [1, 0]))
     sa, sb = m["scale_a"], m["scale_b"]
     # Tensorwise: both scalars. A (1, 1) weight scale beside (M, 1) token scales is rowwise of a
     # one-column weight (Qwen2-MoE's shared-expert gate, N = 1).

@@ -309,6 +309,42 @@ def test_scaled_mm_with_bias_is_left_alone(reference_path):
     assert torch.equal(fused(x), model(x))
 
 
+class PreTransposedScaledMM(torch.nn.Module):
+    """vLLM's spelling: the FP8 weight stored transposed, (K, N) column-major, and handed to
+    torch._scaled_mm as it is (no transpose node in the graph)."""
+
+    def __init__(self):
+        super().__init__()
+        proj = QuantLinear(torch.randn(N, K) / K**0.5, "fp8_rowwise")
+        self.weight = torch.nn.Parameter(proj.weight.t(), requires_grad=False)
+        self.weight_scale = torch.nn.Parameter(proj.weight_scale, requires_grad=False)
+
+    def forward(self, x):
+        amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-10)
+        scale = amax / 448.0
+        q = (x.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        return torch._scaled_mm(q, self.weight, scale_a=scale, scale_b=self.weight_scale,
+                                out_dtype=torch.bfloat16)  # fmt: skip
+
+
+@pytest.mark.skipif(not CPU_ROWWISE_SCALED_MM, reason=NO_CPU_ROWWISE)
+@pytest.mark.parametrize("ir", ["export", "compile"])
+def test_scaled_mm_of_a_pretransposed_weight_fuses(ir, reference_path):
+    """The canonical GEMM takes the (N, K) weight back as a permute of the (K, N) operand: a
+    transpose op (aten.t) there failed Inductor's lowering of the post-grad graph."""
+    model, (x, _) = PreTransposedScaledMM(), _inputs(6)
+    with torch.no_grad():
+        want = model(x)
+        if ir == "export":
+            fused = fxfuse.apply_fusions(model, (x,))
+            got, report = fused(x), fused.fxfuse_report
+        else:
+            torch._dynamo.reset()
+            got, report = torch.compile(model, backend="fxfuse")(x), fxfuse.last_report()
+    assert report.counts["quant_gemm"] == 1, str(report)
+    assert _rel(got, want) <= 1e-2
+
+
 def test_disabled_pattern_keeps_the_norm_quant_fusion(reference_path):
     model = NormLinear("fp8_rowwise")
     x, r = _inputs(5)
