@@ -48,7 +48,6 @@ def fxfuse_backend(
     """The registered `fxfuse` torch.compile backend. torch.compile's `mode` and `options` reach
     Inductor as they would with backend="inductor" (`options` may also carry "config", a
     FusionConfig, as `make_backend(config)` binds one)."""
-    from torch._inductor import config as inductor_config
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
@@ -66,11 +65,11 @@ def fxfuse_backend(
     _REPORTS.append(report)
     custom_pass = FxfusePostGradPass(config, report)
     # A graph-cache hit skips the post-grad pass and would leave the report empty; until the
-    # report is stored with the cache entry, compile afresh.
-    with inductor_config.patch(
-        {**inductor_options, "post_grad_custom_post_pass": custom_pass, "fx_graph_cache": False}
-    ):
-        return compile_fx(gm, example_inputs)
+    # report is stored with the cache entry, compile afresh. As config_patches (not a patch
+    # around the call) the settings also reach the backward, which AOTAutograd compiles later.
+    patches = {**inductor_options, "post_grad_custom_post_pass": custom_pass,
+               "fx_graph_cache": False}  # fmt: skip
+    return compile_fx(gm, example_inputs, config_patches=patches)
 
 
 def make_backend(config: FusionConfig):

@@ -156,6 +156,29 @@ def test_torch_compile_takes_mode_and_options(mode, reference_path):
             torch.compile(model, backend="fxfuse", options={"no_such_option": 1})(*inputs)
 
 
+def test_torch_compile_runs_the_passes_on_the_backward_too(reference_path, monkeypatch):
+    """AOTAutograd compiles the backward at the first .backward(), after the backend returned:
+    fxfuse's pass (and torch.compile's options) must still be Inductor's settings then."""
+    from fxfuse.fusion import backend
+
+    seen = []
+    original = backend.FxfusePostGradPass.__call__
+
+    def counting(self, graph):
+        seen.append(len(graph.nodes))
+        return original(self, graph)
+
+    monkeypatch.setattr(backend.FxfusePostGradPass, "__call__", counting)
+    model = nn.Linear(16, 16)
+    x = torch.randn(4, 16, requires_grad=True)
+    torch._dynamo.reset()
+    out = torch.compile(model, backend="fxfuse")(x)
+    assert len(seen) == 1  # the forward
+    out.sum().backward()
+    assert len(seen) == 2  # and the backward
+    assert torch.allclose(x.grad, model.weight.sum(0).expand(4, 16))
+
+
 class TwoNorms(nn.Module):
     """Two residual norms: the first feeds a spelled FP8 quant (fuses), the second a plain bf16
     linear (nothing to fuse it with)."""
