@@ -316,7 +316,7 @@ def run_sweep(device, out_dir: str, buckets=SWEEP_BUCKETS, case: str = "kv_b") -
         sets = input_sets(m, shape, device)
         results = []
         configs = sweep_configs(m)
-        if m > 128:  # the persistent kernel too (head tiles where BLOCK_N is one head)
+        if m >= 128:  # the persistent kernel too (head tiles where BLOCK_N is one head)
             configs += [{**config, "PERSISTENT": 1} for config in configs]
         for config in configs:
             try:
