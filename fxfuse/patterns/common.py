@@ -22,11 +22,6 @@ def maybe_cast(inner, dtype=None, name=None):
     return Alt(Cast(inner, dtype), inner, name=name)
 
 
-def plain_add(node: fx.Node) -> bool:
-    """An add with alpha 1 (the default)."""
-    return node.kwargs.get("alpha", 1) == 1 and (len(node.args) < 3 or node.args[2] == 1)
-
-
 def is_last_dim(dims, ndim: int) -> bool:
     """`dims` names exactly the last dim (as -1 or ndim-1)."""
     if isinstance(dims, int):

@@ -25,7 +25,6 @@ from fxfuse.patterns.common import (
     literal_wanted,
     maybe_cast,
     mean_spelling,
-    plain_add,
     same_size,
     tensor_of,
 )
@@ -44,7 +43,7 @@ square = Alt(
 # eps as a graph value: torch.compile(dynamic=True) passes a Python float argument (a norm
 # function's `eps`) as a graph input; matched to say so (a near-miss), as quant.py does FP8_MAX.
 eps = Alt(Lit("eps"), Any("eps_input"))
-var_eps = Op(ADD, mean_spelling(square), eps, commutative=True, where=plain_add)
+var_eps = Op(ADD, mean_spelling(square), eps, commutative=True)
 inv_rms = Alt(
     Op(aten.rsqrt.default, var_eps),
     Op(aten.reciprocal.default, Op(aten.sqrt.default, var_eps), name="reciprocal_sqrt"),
@@ -68,7 +67,7 @@ def _spellings() -> dict[str, object]:
             Op(
                 MUL,
                 normed,
-                Op(ADD, Lit("offset"), weight32, commutative=True, where=plain_add),
+                Op(ADD, Lit("offset"), weight32, commutative=True),
                 commutative=True,
             ),
             "out_dtype",
@@ -173,7 +172,7 @@ NORM_RULES = [_norm_rule(style, pattern) for style, pattern in _spellings().item
 
 # --- residual absorption: rms_norm(x + r) -> add_rms_norm(x, r) ----------------------------------
 
-_residual_add = Op(aten.add.Tensor, Any("x"), Any("residual"), name="sum", where=plain_add)
+_residual_add = Op(aten.add.Tensor, Any("x"), Any("residual"), name="sum")
 _norm_of_sum = Op(
     fxfuse.rms_norm.default,
     _residual_add,

@@ -489,6 +489,28 @@ def test_amax_clamp_with_an_upper_bound_does_not_fire(bound, reference_path):
     assert outputs_bytes_equal(got, want)
 
 
+def test_adds_with_alpha_are_not_the_norms_adds(reference_path):
+    """`var + eps` written with alpha 2 is no RMSNorm; a residual add with alpha 2 stays outside
+    the fused op (the norm of its sum still fuses, without the residual)."""
+
+    def eps_alpha(x, w):
+        hf = x.float()
+        var = torch.add(hf.pow(2).mean(-1, keepdim=True), 1e-6, alpha=2)
+        return per_token_div(w * (hf * torch.rsqrt(var)).to(x.dtype))
+
+    def residual_alpha(x, w):
+        return per_token_div(llama(torch.add(x, x.flip(0), alpha=2), w))
+
+    for body, fused_op in ((eps_alpha, None), (residual_alpha, "fxfuse.rms_norm_quant.default")):
+        model, inputs = NearMiss(body), _inputs()[:1]
+        fused = _fuse(model, inputs)
+        targets = fused_targets(fused)
+        assert fused.fxfuse_report.counts["rmsnorm_quant"] == int(fused_op is not None), targets
+        assert not any("add_rms_norm" in t for t in targets), targets
+        assert fused_op is None or fused_op in targets, targets
+        assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
 def test_statistics_not_in_fp32_do_not_fire(reference_path):
     def body(x, w):  # mean(x²) in fp16: a different number, not our kernel's
         h = x.to(torch.float16)
