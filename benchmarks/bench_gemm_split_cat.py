@@ -167,9 +167,12 @@ def with_backend(choice: str | None, fn):
 
 
 def check_op(inputs: dict, choice: str | None) -> float:
-    """check() of the op under one backend choice."""
+    """check() of the op under one backend choice ("unfused": that backend called directly)."""
     x, w, d, s1, s2, y = (inputs[key] for key in ("x", "w", "d", "s1", "s2", "y"))
-    out, c2 = with_backend(choice, lambda: op_call(inputs))
+    if choice == "unfused":
+        out, c2 = unfused_call(inputs)
+    else:
+        out, c2 = with_backend(choice, lambda: op_call(inputs))
     c = (x.double() @ w.double().T).view(x.shape[0], d, s1 + s2)
     errors = [
         ((out[..., :s1].double() - c[..., :s1]).norm() / c[..., :s1].norm()).item(),
@@ -180,11 +183,20 @@ def check_op(inputs: dict, choice: str | None) -> float:
     return max(errors)
 
 
+def unfused_call(i):
+    """The op's unfused backend (F.linear, then the cat kernel), whatever the table says."""
+    return gemm_split_cat_ops._unfused_split_cat(i["x"], i["w"], i["d"], i["s1"], i["s2"], i["y"])
+
+
 def chosen_backend(inputs: dict) -> str:
-    """What the table runs: "vendor", "triton-head-tiles" (the persistent TMA kernel), "triton"."""
+    """What the table runs: "vendor", "unfused", "triton-head-tiles" (the persistent TMA kernel),
+    "triton"."""
     x, w, d, s1, s2, y = (inputs[key] for key in ("x", "w", "d", "s1", "s2", "y"))
-    if with_backend(None, lambda: gemm_split_cat_ops._use_vendor(x, w, d, (s1, s2), y)):
+    backend = with_backend(None, lambda: gemm_split_cat_ops._backend(x, w, d, (s1, s2), y))
+    if backend == dispatch.BACKEND_VENDOR:
         return "vendor"
+    if backend == dispatch.BACKEND_UNFUSED:
+        return "unfused"
     from fxfuse.kernels import gemm_split_cat as kernels
 
     return "triton-head-tiles" if kernels.takes_head_tiles(x, w, d, (s1, s2), y) else "triton"
@@ -194,7 +206,7 @@ def bench_case(
     name: str, m: int, shape: dict, compiled_chain, device, graph_all: bool = False
 ) -> dict:
     sets = input_sets(m, shape, device)
-    error = max(check_op(sets[0], choice) for choice in (None, "triton", "vendor"))
+    error = max(check_op(sets[0], choice) for choice in (None, "triton", "vendor", "unfused"))
     fused = rotating(sets, op_call)
     peers = {
         "eager": rotating(sets, lambda i: chain(i["x"], i["w"], i["d"], i["s1"], i["s2"], i["y"])),
@@ -214,6 +226,7 @@ def bench_case(
     backends_us = {
         choice: with_backend(choice, lambda: time_us(fused, graph)) for choice in ("triton", "vendor")
     }
+    backends_us["unfused"] = time_us(rotating(sets, unfused_call), graph)
     n = shape["d"] * (shape["s1"] + shape["s2"])
     return {
         "case": name,
@@ -221,7 +234,8 @@ def bench_case(
         "fxfuse_us": round(fused_us, 2),
         "fxfuse_repeat_us": round(repeat_us, 2),
         "peers_us": {peer: round(us, 2) for peer, us in peers_us.items()},
-        # the op with each implementation forced (FXFUSE_GEMM_BACKEND); fxfuse_us is the table's
+        # the op with each implementation forced (FXFUSE_GEMM_BACKEND; "unfused" called directly);
+        # fxfuse_us is the table's
         "backends_us": {choice: round(us, 2) for choice, us in backends_us.items()},
         "backend_chosen": chosen_backend(sets[0]),
         "roofline_us": round(roofline_us(m, shape, sets[0]), 2),
@@ -263,7 +277,7 @@ def print_header() -> None:
     print(
         f"{'case':<8} {'m':>6} {'fxfuse':>9} {'again':>9} {'eager':>9} {'inductor':>9} "
         f"{'gemm':>9} {'roof':>8} {'/gemm':>6} {'ind/fx':>6} {'%roof':>6}  timing    "
-        f"{'host':>8} {'triton':>9} {'vendor':>9}  bar"
+        f"{'host':>8} {'triton':>9} {'vendor':>9} {'unfused':>9}  bar"
     )
 
 
@@ -281,7 +295,8 @@ def print_rows(rows: list[dict]) -> None:
             f"{100 * row['roofline_us'] / fx:>5.1f}%  {row['timing']:<10}"
             f"{row.get('fxfuse_do_bench_us', float('nan')):>8.2f} "
             f"{row.get('backends_us', {}).get('triton', float('nan')):>9.2f} "
-            f"{row.get('backends_us', {}).get('vendor', float('nan')):>9.2f}  {bar}"
+            f"{row.get('backends_us', {}).get('vendor', float('nan')):>9.2f} "
+            f"{row.get('backends_us', {}).get('unfused', float('nan')):>9.2f}  {bar}"
         )
 
 

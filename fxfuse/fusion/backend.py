@@ -61,7 +61,8 @@ def fxfuse_backend(
     if mode is not None and mode != "default":
         inductor_options = {**list_mode_options(mode), **inductor_options}
     config = config or FusionConfig()
-    report = FusionReport(target=config.resolved_target())
+    device = next((t.device for t in example_inputs if hasattr(t, "device")), None)
+    report = FusionReport(target=config.resolved_target(device))
     _REPORTS.append(report)
     custom_pass = FxfusePostGradPass(config, report)
     # A graph-cache hit skips the post-grad pass and would leave the report empty; until the

@@ -6,6 +6,8 @@ import dataclasses
 import os
 from collections.abc import Iterable
 
+import torch
+
 from fxfuse.runtime.target import TARGETS, detect_target, parse_target
 
 PATTERN_NAMES = (
@@ -81,8 +83,10 @@ class FusionConfig:
         disabled = set(self.disable) | set(parse_disable_env(os.environ.get("FXFUSE_DISABLE")))
         return name not in disabled and (self.enable is None or name in self.enable)
 
-    def resolved_target(self) -> str:
+    def resolved_target(self, device: torch.device | None = None) -> str:
+        """`target`, else FXFUSE_TARGET, else the target of `device` (the graph's tensors':
+        a CPU model on a GPU machine targets the CPU), else of the current accelerator."""
         if self.target is not None:
             return self.target
         env = os.environ.get("FXFUSE_TARGET")
-        return parse_target(env) if env else detect_target()
+        return parse_target(env) if env else detect_target(device)

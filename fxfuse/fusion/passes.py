@@ -43,8 +43,8 @@ def run_passes(
     copy of the graph finds the spellings the fusions consume; only those are canonicalized.
     The report's near-misses are the trial's (every canonical norm and quant was there)."""
     config = config or FusionConfig()
-    target = config.resolved_target()
     graph = module.graph if isinstance(module, fx.GraphModule) else module
+    target = config.resolved_target(_graph_device(graph))
     consumed = trial = None
     if unfused_as_spelled:
         copy = fx.Graph(owning_module=graph.owning_module)
@@ -58,6 +58,15 @@ def run_passes(
         prepack_weights(module, report)
     finish(module)
     return report
+
+
+def _graph_device(graph: fx.Graph) -> torch.device | None:
+    """The device of the graph's first tensor input (None: no tensor input, or a meta one)."""
+    for node in graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.device.type != "meta":
+            return value.device
+    return None
 
 
 def _consumed(made: dict[str, str], merged: dict[str, str], sources: dict, alive: set[str]):

@@ -3,7 +3,8 @@
     c       = (x @ wᵀ).view(M, D, S1 + S2)         x (M, K), w (N, K) (F.linear layout), N = D·(S1+S2)
     c1, c2  = split(c, [S1, S2], -1)
     out     = cat([c1, y], -1)                      y (M, D, S3), any strides (stride 0 for an expand)
-    returns out (M, D, S1 + S3) and c2 (M, D, S2), both contiguous, dtype x.dtype.
+    returns out (M, D, S1 + S3) contiguous and c2 (M, D, S2) laid out as the unfused graph's c2
+    (the last S2 columns of each head of an (M, D, S1 + S2) buffer), dtype x.dtype.
 
 GEMM column n of row m is (d, s) = divmod(n, S1 + S2); the epilogue sends s < S1 to out[m, d, s]
 and s ≥ S1 to c2[m, d, s − S1]. In general the destinations are up to four "pieces" of widths
@@ -623,8 +624,8 @@ def cat_pieces(c: torch.Tensor, d: int, s1: int, s2: int, y: torch.Tensor) -> to
     if rows:
         launch(_cat_kernel, (triton.cdiv(rows, CAT_ROWS),),
             c, y, out, rows, *y.stride(), D=d, S1=s1, SW=s1 + s2, S3=s3,
-            BLOCK_R=CAT_ROWS, BLOCK_C1=min(triton.next_power_of_2(s1), CAT_MAX_COLS),
-            BLOCK_C3=min(triton.next_power_of_2(s3), CAT_MAX_COLS), num_warps=CAT_WARPS,
+            BLOCK_R=CAT_ROWS, BLOCK_C1=min(triton.next_power_of_2(max(s1, 1)), CAT_MAX_COLS),
+            BLOCK_C3=min(triton.next_power_of_2(max(s3, 1)), CAT_MAX_COLS), num_warps=CAT_WARPS,
         )  # fmt: skip
     return out
 
@@ -907,7 +908,7 @@ def gemm_split_cat(
     ref.check_cat_args(m, w.shape[0], x.dtype, x.device, d, s1, s2, y, "x")
     s3 = y.shape[2]
     out = torch.empty((m, d, s1 + s3), dtype=x.dtype, device=x.device)
-    c2 = torch.empty((m, d, s2), dtype=x.dtype, device=x.device)
+    c2 = ref.split_cat_c2(torch.empty((m, w.shape[0]), dtype=x.dtype, device=x.device), d, s1, s2)
     _launch(x, w, d, [out, c2], [s1, s2], y, config, target)
     return out, c2
 

@@ -3,7 +3,7 @@
     c       = (x @ wᵀ).view(M, D, S1 + S2)         x (M, K), w (N, K) with N = D·(S1 + S2)
     c1, c2  = split(c, [S1, S2], -1)
     out     = cat([c1, y], -1)                      y (M, D, S3), any strides (often an expand)
-    returns (out (M, D, S1 + S3), c2 (M, D, S2)), both contiguous
+    returns (out (M, D, S1 + S3) contiguous, c2 (M, D, S2) the split's view of c, not copied)
 
 `gemm_split_ref` is the same without the cat: the pieces of `split(c, sizes, -1)`, each contiguous
 except the `view_piece` (when given), which stays the view of c the split made: a piece the
@@ -22,7 +22,9 @@ import torch.nn.functional as F
 def gemm_split_cat_ref(
     x: torch.Tensor, w: torch.Tensor, d: int, s1: int, s2: int, y: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return split_cat_of(F.linear(x, w), d, s1, s2, y)
+    c = F.linear(x, w)
+    c1 = c.view(c.shape[0], d, s1 + s2)[..., :s1]
+    return torch.cat([c1, y], dim=-1), split_cat_c2(c, d, s1, s2)
 
 
 def gemm_split_ref(

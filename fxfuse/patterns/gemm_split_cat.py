@@ -307,9 +307,9 @@ class Producer:
     pattern binds "gemm" (the node whose output is c) and "x" (its activation, whose leading
     dims are the rows); guard(m) -> None or a reason; operands(m, build) -> the GEMM operands of
     the fused ops (built with `build.call`); split_cat / split: fused ops called as
-    (*operands, d, s1, s2, y) and (*operands, d, sizes); reduction(m) -> the GEMM's K;
-    c2_contiguous: whether split_cat's c2 is contiguous (else it is laid out as the unfused
-    graph's c2, a view of an (M, d, s1 + s2) buffer)."""
+    (*operands, d, s1, s2, y) and (*operands, d, sizes); reduction(m) -> the GEMM's K.
+    Every split_cat op returns c2 laid out as the unfused graph's c2 (a view of an
+    (M, d, s1 + s2) buffer)."""
 
     name: str
     pattern: Pat
@@ -318,7 +318,6 @@ class Producer:
     split_cat: object
     split: object
     reduction: Callable[[Match], int | None]
-    c2_contiguous: bool = True
 
     @property
     def targets(self) -> tuple:
@@ -424,7 +423,6 @@ FP8 = Producer(
     split_cat=fxfuse.gemm_fp8_split_cat.default,
     split=fxfuse.gemm_fp8_split.default,
     reduction=_k_of_x,
-    c2_contiguous=False,
 )
 MXFP4 = Producer(
     name="mxfp4",
@@ -434,7 +432,6 @@ MXFP4 = Producer(
     split_cat=fxfuse.gemm_mxfp4_split_cat.default,
     split=fxfuse.gemm_mxfp4_split.default,
     reduction=_k_of_packed,
-    c2_contiguous=False,
 )
 # Most specific first (see the module docstring).
 PRODUCERS = [DENSE, FP8, MXFP4]
@@ -607,8 +604,7 @@ def _replace_split_cat(m: Match, ctx, build):
             piece = rest
             if len(sizes) > 2:
                 piece = build.call(aten.slice.Tensor, (rest, -1, start - s1, start - s1 + size))
-            contiguous = producer.c2_contiguous and not layout.perm and len(sizes) == 2
-            values.append(_carried(build, output, piece, contiguous))
+            values.append(_carried(build, output, piece, False))
         start += size
     return values
 
@@ -794,12 +790,34 @@ def _simulated(m: Match, ctx, replace) -> str | None:
 
 
 def split_cat_guard(m: Match, ctx) -> str | None:
+    split_only = _appends_nothing(m)
     return (
         _common_guard(m, ctx)
         or _cat_guard(m)
-        or (_split_k_guard(m) if _appends_nothing(m) else None)
+        or (_split_k_guard(m) if split_only else None)
+        or _unfused_guard(m, ctx, split_only)
         or _simulated(m, ctx, _replace_split_cat)
     )
+
+
+def _unfused_guard(m: Match, ctx, split_only: bool) -> str | None:
+    """A dense GEMM of static M where the target's backend table runs the graph's own chain: the
+    fused op would only run that chain (gemm_split_cat_ops.unfused_at), so leave it unfused."""
+    if _producer(m) is not DENSE:
+        return None  # the quantized ops' tables are the GEMMs' own
+    rows = [static_int(r) for r in val(m["x"]).shape[:-1]]
+    if None in rows:
+        return None  # M known at run time only: the op dispatches per call
+    m_rows = math.prod(rows)
+    layout = _layout(m)
+    n, k = layout.d * layout.width, _producer(m).reduction(m)
+    if k is not None and gemm_split_cat_ops.unfused_at(ctx.target, m_rows, n, k, split_only):
+        table = "split" if split_only else "split-cat"
+        return (
+            f"at M = {m_rows} (N {n}, K {k}) the {ctx.target} {table} backend table runs the "
+            "unfused chain: the fused kernel measured slower there"
+        )
+    return None
 
 
 def _appends_nothing(m: Match) -> bool:
@@ -824,7 +842,11 @@ def split_guard(m: Match, ctx) -> str | None:
     layout = _layout(m)
     if not any(_copy_saved(o, layout) for o in m["piece_outputs"]):
         return "no copy to save: every split piece is read in place as a view of the GEMM output"
-    return _split_k_guard(m) or _simulated(m, ctx, _replace_split)
+    return (
+        _split_k_guard(m)
+        or _unfused_guard(m, ctx, split_only=True)
+        or _simulated(m, ctx, _replace_split)
+    )
 
 
 RULES = [

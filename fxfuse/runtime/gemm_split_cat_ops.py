@@ -3,7 +3,9 @@
     gemm_split_cat(x, w, d, s1, s2, y) -> (out, c2)
         c = (x @ wᵀ).view(M, d, s1 + s2);  c1, c2 = split(c, [s1, s2], -1);  out = cat([c1, y], -1)
         x (M, K), w (N, K) (F.linear layout, any strides), y (M, d, S3) any strides (an expand too);
-        out (M, d, s1 + S3) and c2 (M, d, s2), both contiguous.
+        out (M, d, s1 + S3) contiguous; c2 (M, d, s2) laid out as the unfused graph's c2, the last
+        s2 columns of each head of an (M, d, s1 + s2) buffer (`gemm_split_cat_ref.split_cat_c2`),
+        so that no backend copies it where the graph did not.
     gemm_split(x, w, d, sizes, view_piece=-1) -> [pieces]
         the pieces of split((x @ wᵀ).view(M, d, sum(sizes)), sizes, -1), each (M, d, size)
         contiguous, except piece `view_piece` (-1: none): laid out as the split's view of the GEMM
@@ -16,10 +18,15 @@ by the launch table `gemm_split_cat_backend` (FXFUSE_GEMM_BACKEND=triton|vendor 
   path, where it applies, is always taken over the vendor path);
 - the vendor GEMM through `torch.bmm`: per piece, one strided-batched GEMM over the d heads whose
   C matrices are that piece's slices of the destination (ld = d · row width, batch stride = row
-  width), so no tile goes through a temporary; then y's slice is copied (a second kernel).
-`gemm_split` has its own table, `gemm_split_backend`, with a third choice: the unfused chain
-(the vendor GEMM, then each piece but `view_piece` copied: the graph's own chain), which it takes
-up to M 2048 on sm90, where the kernel lost to the unfused graph on every measured shape.
+  width), so no tile goes through a temporary; then y's slice is copied (a second kernel);
+- the unfused chain: the vendor GEMM (F.linear), then the cat in one kernel (`cat_pieces`), c2
+  a view of the GEMM's output: the graph's own chain, which the sm90 table takes at Kimi-Linear's
+  width at M ≤ 128, where the kernel measured 0.85× Inductor's compile of that chain.
+`gemm_split` has its own table, `gemm_split_backend`, with the same three choices; it takes the
+unfused chain (the vendor GEMM, then each piece but `view_piece` copied) up to M 2048 on sm90,
+where the kernel lost to the unfused graph on every measured shape. Where a graph's M is static
+and the table picks the unfused chain for it, the pattern does not fire at all
+(`unfused_at`).
 Every other case runs the torch reference (kernels/gemm_split_cat_ref.py), which is the unfused
 spelling itself, so an fp32 call or a CPU run without the interpreter keeps its bytes.
 """
@@ -120,6 +127,16 @@ def _table_choice(x: torch.Tensor, w: torch.Tensor, table: str) -> int | None:
     return _table_backend(table, detect_target(x.device), max(m, 1), w.shape[0], k)
 
 
+def unfused_at(target: str, m: int, n: int, k: int, split_only: bool) -> bool:
+    """Whether a call of static M on `target` would run the unfused chain (the backend table's
+    choice; FXFUSE_GEMM_BACKEND unset): the pattern then leaves the graph's chain as it is.
+    Never on the CPU, whose ops run the reference (the pattern fires there for its tests)."""
+    if target == "cpu" or gemm_backend_override() != "auto":
+        return False
+    table = SPLIT_BACKEND_TABLE if split_only else BACKEND_TABLE
+    return _table_backend(table, target, max(m, 1), n, k) == BACKEND_UNFUSED
+
+
 @functools.lru_cache(maxsize=4096)
 def _table_backend(table: str, target: str, m: int, n: int, k: int) -> int:
     return launch_tables.lookup(table, target, m=m, n=n, k=k)["BACKEND"]
@@ -140,13 +157,24 @@ def _vendor_gemm_into(x, w, d: int, widths, dests) -> None:
         lo += width
 
 
-def _vendor_split_cat(x, w, d, s1, s2, y):
+def _split_cat_outputs(x, w, d, s1, s2, y):
+    """Empty (out, c2) as every path returns them: out contiguous, c2 `split_cat_c2`'s layout."""
     m = x.shape[0]
     out = x.new_empty((m, d, s1 + y.shape[2]))
-    c2 = x.new_empty((m, d, s2))
+    return out, ref.split_cat_c2(x.new_empty((m, w.shape[0])), d, s1, s2)
+
+
+def _vendor_split_cat(x, w, d, s1, s2, y):
+    out, c2 = _split_cat_outputs(x, w, d, s1, s2, y)
     _vendor_gemm_into(x, w, d, (s1, s2), (out[:, :, :s1], c2))
     out[:, :, s1:].copy_(y)
     return out, c2
+
+
+def _unfused_split_cat(x, w, d, s1, s2, y):
+    """The graph's own chain: F.linear, then the cat in one kernel; c2 a view of the GEMM output."""
+    c = torch.nn.functional.linear(x, w)
+    return _kernels().cat_pieces(c, d, s1, s2, y), ref.split_cat_c2(c, d, s1, s2)
 
 
 def _vendor_split(x, w, d, sizes, view_piece):
@@ -162,8 +190,11 @@ def gemm_split_cat(
     """(cat([c1, y], -1), c2) of c1, c2 = split((x @ wᵀ).view(M, d, s1 + s2), [s1, s2], -1)."""
     _check_split_cat(x, w, d, s1, s2, y)
     if _on_kernel(x, w, y):
-        if _use_vendor(x, w, d, (s1, s2), y):
+        backend = _backend(x, w, d, (s1, s2), y)
+        if backend == BACKEND_VENDOR:
             return _vendor_split_cat(x, w, d, s1, s2, y)
+        if backend == BACKEND_UNFUSED:
+            return _unfused_split_cat(x, w, d, s1, s2, y)
         return _kernels().gemm_split_cat(x, w, d, s1, s2, y)
     return ref.gemm_split_cat_ref(x, w, d, s1, s2, y)
 
@@ -171,8 +202,7 @@ def gemm_split_cat(
 @gemm_split_cat.register_fake
 def _(x, w, d, s1, s2, y):
     _check_split_cat(x, w, d, s1, s2, y)
-    m = x.shape[0]
-    return x.new_empty((m, d, s1 + y.shape[2])), x.new_empty((m, d, s2))
+    return _split_cat_outputs(x, w, d, s1, s2, y)
 
 
 @fused_op("fxfuse::gemm_split", mutates_args=())

@@ -39,6 +39,22 @@ def test_env_flags_are_strict(monkeypatch):
         detect_target()
 
 
+def test_target_follows_the_graphs_device(monkeypatch):
+    """A CPU model fused on a machine with a GPU targets the CPU (the ops run their CPU paths),
+    not the GPU's tables; FXFUSE_TARGET and FusionConfig.target still win."""
+    monkeypatch.delenv("FXFUSE_TARGET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert detect_target() == "sm90"  # what a device-blind choice would take
+    model, inputs = Chain(llama, per_token_div, False), _inputs()
+    with torch.no_grad():
+        assert fxfuse.apply_fusions(model, inputs).fxfuse_report.target == "cpu"
+        config = fxfuse.FusionConfig(target="gfx950")
+        assert fxfuse.apply_fusions(model, inputs, config).fxfuse_report.target == "gfx950"
+        monkeypatch.setenv("FXFUSE_TARGET", "gfx942")
+        assert fxfuse.apply_fusions(model, inputs).fxfuse_report.target == "gfx942"
+
+
 def test_apply_fusions_rejects_bad_arguments():
     model = Chain(llama, per_token_div, False)
     with pytest.raises(ValueError, match="example_inputs"):

@@ -43,7 +43,8 @@ def check_split_cat(x, w, d, s1, s2, y, config=None):
     out, c2 = gemm_split_cat(x, w, d, s1, s2, y, config=config)
     m, s3 = x.shape[0], y.shape[-1]
     assert out.shape == (m, d, s1 + s3) and c2.shape == (m, d, s2)
-    assert out.is_contiguous() and c2.is_contiguous()
+    # c2 laid out as the unfused graph's: the last s2 columns of an (M, d, s1 + s2) buffer
+    assert out.is_contiguous() and c2.stride() == (d * (s1 + s2), s1 + s2, 1)
     assert out.dtype == x.dtype and c2.dtype == x.dtype
     c = gemm64(x, w, d)
     if s1:
@@ -53,6 +54,7 @@ def check_split_cat(x, w, d, s1, s2, y, config=None):
     assert torch.equal(out[..., s1:], y)
     # And the x.dtype torch reference, within the same tolerance.
     out_ref, c2_ref = gemm_split_cat_ref(x, w, d, s1, s2, y)
+    assert c2_ref.stride() == c2.stride()
     assert rel_err(out, out_ref.double()) <= RTOL and torch.equal(out[..., s1:], out_ref[..., s1:])
     if s2:
         assert rel_err(c2, c2_ref.double()) <= RTOL

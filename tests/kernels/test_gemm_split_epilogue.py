@@ -123,7 +123,9 @@ def test_mxfp4_split_epilogue_equals_the_plain_kernel(
 @pytest.mark.parametrize("m, d, s1, s2, s3, y_kind", [(5, 4, 32, 32, 16, "expand"),
                                                      (7, 3, 24, 40, 300, "permuted"),
                                                      (1, 16, 128, 128, 64, "expand"),
-                                                     (3, 2, 520, 8, 40, "dense")])  # fmt: skip
+                                                     (3, 2, 520, 8, 40, "dense"),
+                                                     (4, 2, 0, 24, 8, "expand"),  # no c1
+                                                     (4, 2, 16, 8, 0, "dense")])  # fmt: skip
 def test_cat_pieces_equals_torch_cat(m, d, s1, s2, s3, y_kind):
     """The one-kernel cat the ops run after a vendor GEMM."""
     c = torch.randn(m, d * (s1 + s2), device=DEVICE).to(BF16)

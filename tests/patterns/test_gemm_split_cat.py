@@ -727,3 +727,62 @@ def test_quantized_split_without_cat_fires(quant):
     got = fused(x)
     assert all(g.is_contiguous() for g in got)
     assert rel_err(got[0], c[:, :192]) <= RTOL and rel_err(got[1], c[:, 192:]) <= RTOL
+
+
+# Kimi-Linear's width class (N above 5120) at small K: the sm90 backend table runs the unfused
+# chain there up to M 128 (the kernel measured 0.85× Inductor's compile of the chain).
+WIDE_D, WIDE_S, WIDE_K, WIDE_S3 = 41, 64, 32, 16
+
+
+def _wide_split_cat(x, w, y):
+    c = F.linear(x, w).view(x.shape[0], WIDE_D, 2 * WIDE_S)
+    c1, c2 = torch.split(c, [WIDE_S, WIDE_S], dim=-1)
+    return torch.cat([c1, y.expand(-1, WIDE_D, -1)], dim=-1), c2
+
+
+def _wide_inputs(m):
+    w = torch.randn(WIDE_D * 2 * WIDE_S, WIDE_K, dtype=BF16) / WIDE_K**0.5
+    return torch.randn(m, WIDE_K, dtype=BF16), w, torch.randn(m, 1, WIDE_S3, dtype=BF16)
+
+
+def test_static_m_where_the_table_runs_the_chain_stays_unfused(reference_path):
+    """A static M the sm90 table gives to the unfused chain: no rewrite, the reason says why;
+    the same graph for the CPU target, or above M 128, fuses."""
+    model, inputs = Spelled(_wide_split_cat), _wide_inputs(4)
+    sm90 = fxfuse.FusionConfig(target="sm90")
+    fused = _fuse(model, inputs, config=sm90)
+    assert fused.fxfuse_report.counts[NAME] == 0 and fused_targets(fused) == []
+    reasons = " | ".join(r for p, _, r in fused.fxfuse_report.rejected if p == NAME)
+    assert "M = 4 (N 5248, K 32)" in reasons and "runs the unfused chain" in reasons, reasons
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+    cpu = _fuse(model, inputs, config=fxfuse.FusionConfig(target="cpu"))
+    assert cpu.fxfuse_report.counts[NAME] == 1 and fused_targets(cpu) == [SPLIT_CAT_OP]
+    wider = _wide_inputs(129)
+    above = _fuse(model, wider, config=sm90)
+    assert above.fxfuse_report.counts[NAME] == 1 and fused_targets(above) == [SPLIT_CAT_OP]
+    assert outputs_bytes_equal(above(*wider), model(*wider))
+
+
+def test_dynamic_m_fuses_where_the_table_may_run_the_chain(reference_path):
+    """With M known only at run time the rewrite happens: the op picks per call."""
+    model, inputs = Spelled(_wide_split_cat), _wide_inputs(4)
+    m = torch.export.Dim("m", min=2, max=512)
+    sm90 = fxfuse.FusionConfig(target="sm90")
+    fused = _fuse(model, inputs, config=sm90, dynamic_shapes=({0: m}, None, {0: m}))
+    assert fused.fxfuse_report.counts[NAME] == 1 and fused_targets(fused) == [SPLIT_CAT_OP]
+    for rows in (4, 200):
+        x, w, y = _wide_inputs(rows)
+        assert outputs_bytes_equal(fused(x, w, y), model(x, w, y))
+
+
+def test_static_m_split_only_under_the_split_table_stays_unfused(reference_path):
+    """gemm_split's sm90 table runs the unfused chain up to M 2048: a static kv_a-like split
+    there is left alone on sm90 (and fuses for the CPU target)."""
+    model, inputs = Spelled(kv_a), _inputs(kv_a)
+    fused = _fuse(model, inputs, config=fxfuse.FusionConfig(target="sm90"))
+    assert fused.fxfuse_report.counts[NAME] == 0
+    reasons = " | ".join(r for p, _, r in fused.fxfuse_report.rejected if p == NAME)
+    assert "split backend table runs the unfused chain" in reasons, reasons
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+    cpu = _fuse(model, inputs, config=fxfuse.FusionConfig(target="cpu"))
+    assert cpu.fxfuse_report.counts[NAME] == 1

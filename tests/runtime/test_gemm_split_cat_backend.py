@@ -44,13 +44,64 @@ def test_forced_vendor_split_cat_matches(monkeypatch, m, k, d, s1, s2, s3, y_kin
     assert gemm_split_cat_ops._use_vendor(x, w, d, (s1, s2), y)
     out, c2 = torch.ops.fxfuse.gemm_split_cat(x, w, d, s1, s2, y)
     assert out.shape == (m, d, s1 + s3) and c2.shape == (m, d, s2)
-    assert out.is_contiguous() and c2.is_contiguous()
+    # c2 as the unfused graph has it: the last s2 columns of each head of the (M, d, s1 + s2) GEMM
+    assert out.is_contiguous() and c2.stride() == (d * (s1 + s2), s1 + s2, 1)
     c = (x.double() @ w.double().T).view(m, d, s1 + s2)
     if s1:
         assert rel_err(out[..., :s1], c[..., :s1]) <= RTOL
     if s2:
         assert rel_err(c2, c[..., s1:]) <= RTOL
     assert torch.equal(out[..., s1:], y)
+
+
+@pytest.mark.parametrize("m, k, d, s1, s2, s3, y_kind, x_kind", CASES)
+def test_unfused_backend_runs_the_graphs_chain(monkeypatch, m, k, d, s1, s2, s3, y_kind, x_kind):
+    """BACKEND_UNFUSED: F.linear, then the cat kernel; the bytes of the unfused spelling (the
+    same GEMM), c2 a view of that GEMM's output, and fxfuse's GEMM kernel never runs."""
+    monkeypatch.delenv(dispatch.GEMM_BACKEND_ENV, raising=False)
+    monkeypatch.setattr(gemm_split_cat_ops, "_table_choice", lambda *a: dispatch.BACKEND_UNFUSED)
+    kernels = gemm_split_cat_ops._kernels()
+
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("the fused GEMM kernel ran under BACKEND_UNFUSED")
+
+    monkeypatch.setattr(kernels, "gemm_split_cat", no_kernel)
+    x, w, y = make_case(m, k, d, s1, s2, s3, y_kind, x_kind)
+    out, c2 = torch.ops.fxfuse.gemm_split_cat(x, w, d, s1, s2, y)
+    c = torch.nn.functional.linear(x, w).view(m, d, s1 + s2)
+    assert out.is_contiguous() and torch.equal(out, torch.cat([c[..., :s1], y], dim=-1))
+    assert c2.stride() == (d * (s1 + s2), s1 + s2, 1) and torch.equal(c2, c[..., s1:])
+    if s2:
+        assert c2.untyped_storage().nbytes() == m * d * (s1 + s2) * 2  # the GEMM's own output
+
+
+def test_sm90_table_runs_the_unfused_chain_where_the_kernel_lost():
+    """Kimi-Linear's width (N 8192, K 512) up to M 128 takes the unfused chain; narrower heads
+    counts (kv_b N 4096, MiniCPM3 N 5120) and M above 128 keep the kernel."""
+    table = gemm_split_cat_ops.BACKEND_TABLE
+    kimi = {"n": 8192, "k": 512}
+    assert launch_tables.lookup(table, "sm90", m=128, **kimi)["BACKEND"] == dispatch.BACKEND_UNFUSED
+    assert launch_tables.lookup(table, "sm90", m=1, **kimi)["BACKEND"] == dispatch.BACKEND_UNFUSED
+    assert launch_tables.lookup(table, "sm90", m=129, **kimi)["BACKEND"] == dispatch.BACKEND_TRITON
+    for n in (2048, 4096, 5120):
+        got = launch_tables.lookup(table, "sm90", m=128, n=n, k=512)["BACKEND"]
+        assert got == dispatch.BACKEND_TRITON
+    for target in ("gfx950", "gfx942"):  # untimed: the kernel everywhere
+        got = launch_tables.lookup(table, target, m=128, **kimi)["BACKEND"]
+        assert got == dispatch.BACKEND_TRITON
+
+
+def test_unfused_at_static_m(monkeypatch):
+    monkeypatch.delenv(dispatch.GEMM_BACKEND_ENV, raising=False)
+    assert gemm_split_cat_ops.unfused_at("sm90", 128, 8192, 512, split_only=False)
+    assert not gemm_split_cat_ops.unfused_at("sm90", 129, 8192, 512, split_only=False)
+    assert not gemm_split_cat_ops.unfused_at("gfx950", 128, 8192, 512, split_only=False)
+    assert not gemm_split_cat_ops.unfused_at("cpu", 128, 8192, 512, split_only=False)
+    # gemm_split's own table: the unfused chain up to M 2048 on sm90
+    assert gemm_split_cat_ops.unfused_at("sm90", 2048, 576, 7168, split_only=True)
+    assert not gemm_split_cat_ops.unfused_at("sm90", 4096, 576, 512, split_only=True)
+    monkeypatch.setenv(dispatch.GEMM_BACKEND_ENV, "triton")  # a forced backend never runs it
+    assert not gemm_split_cat_ops.unfused_at("sm90", 128, 8192, 512, split_only=False)
 
 
 def test_forced_vendor_gemm_split_matches(monkeypatch):
@@ -102,6 +153,23 @@ def test_gpu_kv_b_every_backend_meets_the_tolerance(monkeypatch, choice, m):
     assert rel_err(out[..., :128], c[..., :128]) <= RTOL
     assert rel_err(c2, c[..., 128:]) <= RTOL
     assert torch.equal(out[..., 128:], y)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize(
+    "m, backend", [(128, dispatch.BACKEND_UNFUSED), (256, dispatch.BACKEND_TRITON)]
+)
+def test_gpu_kimi_linear_runs_the_tables_backend(monkeypatch, m, backend):
+    """Kimi-Linear's kv_b (32 heads, N 8192, K 512): the unfused chain at M 128, the kernel above;
+    both within the tolerance, c2 the unfused graph's view either way."""
+    monkeypatch.delenv(dispatch.GEMM_BACKEND_ENV, raising=False)
+    x, w, y = make_case(m, 512, 32, 128, 128, 64)
+    assert gemm_split_cat_ops._backend(x, w, 32, (128, 128), y) == backend
+    out, c2 = torch.ops.fxfuse.gemm_split_cat(x, w, 32, 128, 128, y)
+    c = (x.double() @ w.double().T).view(m, 32, 256)
+    assert rel_err(out[..., :128], c[..., :128]) <= RTOL and rel_err(c2, c[..., 128:]) <= RTOL
+    assert torch.equal(out[..., 128:], y) and c2.stride() == (32 * 256, 256, 1)
 
 
 def test_split_backend_table_runs_the_unfused_chain_where_it_was_faster():
