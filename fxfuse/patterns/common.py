@@ -13,6 +13,7 @@ aten = torch.ops.aten
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 ADD = (aten.add.Tensor, aten.add.Scalar)
+SUB = (aten.sub.Tensor, aten.sub.Scalar)
 MUL = (aten.mul.Tensor, aten.mul.Scalar)
 DIV = (aten.div.Tensor, aten.div.Scalar)
 

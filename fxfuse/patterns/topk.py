@@ -36,7 +36,15 @@ from collections.abc import Callable
 import torch
 from torch import fx
 
-from fxfuse.patterns.common import FLOAT_DTYPES, is_last_dim, same_size, static_int
+from fxfuse.patterns.common import (
+    ADD,
+    FLOAT_DTYPES,
+    MUL,
+    SUB,
+    is_last_dim,
+    same_size,
+    static_int,
+)
 from fxfuse.patterns.matcher import (
     Alt,
     Any,
@@ -87,9 +95,6 @@ VIEWS = (
     aten.expand.default,
 )
 CASTS = (aten.to.dtype, aten._to_copy.default, prims.convert_element_type.default)
-ADD = (aten.add.Tensor, aten.add.Scalar)
-SUB = (aten.sub.Tensor, aten.sub.Scalar)
-MUL = (aten.mul.Tensor, aten.mul.Scalar)
 RSHIFT = (aten.__rshift__.Scalar, aten.bitwise_right_shift.Tensor_Scalar)
 LSHIFT = (aten.__lshift__.Scalar, aten.bitwise_left_shift.Tensor_Scalar)
 BIT_AND = (aten.__and__.Scalar, aten.bitwise_and.Scalar)
