@@ -8,6 +8,7 @@ import operator
 import torch
 import torch.fx as fx
 
+from fxfuse.fusion.engine import alias_base
 from fxfuse.patterns.rule import val
 
 aten = torch.ops.aten
@@ -33,7 +34,7 @@ def simplify(graph: fx.Graph) -> None:
             graph.erase_node(node)
         elif node.target in VIEWS:
             src = node.args[0]
-            if isinstance(src, fx.Node) and src.target in VIEWS and len(src.users) == 1:
+            if isinstance(src, fx.Node) and _foldable_view(src):
                 node.args = (src.args[0], *node.args[1:])
                 graph.erase_node(src)
                 src = node.args[0]
@@ -42,12 +43,30 @@ def simplify(graph: fx.Graph) -> None:
                 graph.erase_node(node)
 
 
+def _foldable_view(src: fx.Node) -> bool:
+    """A view / reshape whose one user views it again may be skipped (the user views src's input
+    directly) when it never copies: a view, or a reshape of a contiguous tensor (a reshape of a
+    transposed one copies, and a view of that input would not run)."""
+    if src.target not in VIEWS or len(src.users) != 1:
+        return False
+    if src.target is not aten.reshape.default:
+        return True
+    source = val(src.args[0]) if isinstance(src.args[0], fx.Node) else None
+    return isinstance(source, torch.Tensor) and source.is_contiguous()
+
+
 def _is_identity_mul(node: fx.Node) -> bool:
+    """`a * 1` that may become `a`: the same dtype, and the product is a copy nobody can tell
+    from a: not an output (a caller could write to it) and no write to a or any alias of it."""
     a, b = node.args[0], node.args[1]
     if not isinstance(a, fx.Node) or isinstance(b, fx.Node) or isinstance(b, bool) or b != 1:
         return False
     va, vo = val(a), val(node)
-    return isinstance(va, torch.Tensor) and vo is not None and va.dtype == vo.dtype
+    if not (isinstance(va, torch.Tensor) and vo is not None and va.dtype == vo.dtype):
+        return False
+    if any(user.op == "output" for user in node.users):
+        return False
+    return not _written(alias_base(a))
 
 
 def _same_shape(a, b) -> bool:

@@ -200,9 +200,9 @@ def _written_under(
         if not reads:
             continue
         if node in inside:
-            spans.append((_base(node), pos[node], max(reads)))
+            spans.append((alias_base(node), pos[node], max(reads)))
         else:
-            spans.append((_base(node), min(replaced_at, *reads), max(replaced_at, *reads)))
+            spans.append((alias_base(node), min(replaced_at, *reads), max(replaced_at, *reads)))
     if not spans:
         return None
     start, end = min(s[1] for s in spans), max(s[2] for s in spans)
@@ -237,7 +237,7 @@ def _hoist(graph: fx.Graph, leaves: list[fx.Node], first_user: int, pos: dict) -
         pending.extend(node.all_input_nodes)
     if not late:
         return True
-    read = {_base(n) for node in late for n in node.all_input_nodes if n not in late}
+    read = {alias_base(n) for node in late for n in node.all_input_nodes if n not in late}
     read |= {node for node in late if node.op == "get_attr"}
     nodes = list(graph.nodes)
     span = nodes[first_user : max(pos[n] for n in late) + 1]
@@ -251,18 +251,19 @@ def _hoist(graph: fx.Graph, leaves: list[fx.Node], first_user: int, pos: dict) -
     return True
 
 
-def _base(node: fx.Node) -> fx.Node:
+def alias_base(node: fx.Node) -> fx.Node:
     """The node whose memory `node` views: back through ops whose result aliases their first
-    argument (view, reshape, slice, transpose, ...) and getitems of their tuples."""
+    argument (view, reshape, slice, transpose, ...; in-place ops, which return it) and getitems
+    of their tuples."""
     while node.op == "call_function":
         if node.target is operator.getitem:
             node = node.args[0]
             continue
         schema = getattr(node.target, "_schema", None)
         first = schema.arguments[0] if schema is not None and schema.arguments else None
-        if first is None or first.alias_info is None or first.alias_info.is_write:
+        if first is None or first.alias_info is None or not schema.returns:
             break
-        if not isinstance(node.args[0], fx.Node):
+        if schema.returns[0].alias_info is None or not isinstance(node.args[0], fx.Node):
             break
         node = node.args[0]
     return node
@@ -285,7 +286,7 @@ def _written(node: fx.Node) -> set[fx.Node] | None:
             continue
         value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
         values = value if isinstance(value, (list, tuple)) else [value]
-        out |= {_base(v) for v in values if isinstance(v, fx.Node)}
+        out |= {alias_base(v) for v in values if isinstance(v, fx.Node)}
     return out
 
 

@@ -400,7 +400,9 @@ def _page_tokens(idx, valid, pad, row, row64, page_table_ptr, row_to_batch_ptr, 
     if HAS_ROW_TO_BATCH:
         batch = tl.load(row_to_batch_ptr + row).to(tl.int64)
     page = idx >> LOG2_PAGE
-    ok = valid & (page < pt_cols)
+    # A negative batch (torch would index from the end) reads nothing: padding, never memory
+    # before the table.
+    ok = valid & (page < pt_cols) & (batch >= 0)
     phys = tl.load(page_table_ptr + batch * stride_ptb + page * stride_ptp, mask=ok,
                    other=0).to(tl.int32)  # fmt: skip
     token = (phys << LOG2_PAGE) | (idx & ((1 << LOG2_PAGE) - 1))
@@ -576,15 +578,20 @@ def _topk_kernel(
         n = length
         p = 0
         last = 0
+        # Lengths, starts and positions are clamped in their own dtype before they narrow to
+        # int32 (an int64 length 2**32 + 3 is longer than the row, not 3 long).
         if (LENGTHS == LEN_ARRAY) | (LENGTHS == LEN_MASKED):
-            n = tl.load(lengths_ptr + row).to(tl.int32)
+            n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), length).to(tl.int32)
         elif LENGTHS == LEN_POSITIONS:
-            p = tl.load(positions_ptr + row // NUM_KV_HEADS).to(tl.int32)
+            # past the row's last block + 1 every block is whole: the same blocks and counts
+            p_top = ((length + 1) << LOG2_BLOCK) - 1
+            p = tl.load(positions_ptr + row // NUM_KV_HEADS)
+            p = tl.minimum(tl.maximum(p, -1), p_top).to(tl.int32)
             last = p >> LOG2_BLOCK  # arithmetic shift: floor, also for p < 0
             n = last + 1
         start = 0
         if HAS_STARTS:
-            start = tl.minimum(tl.maximum(tl.load(starts_ptr + row).to(tl.int32), 0), length)
+            start = tl.minimum(tl.maximum(tl.load(starts_ptr + row), 0), length).to(tl.int32)
         n = tl.minimum(tl.maximum(n, 0), length - start)
         n_load = n  # the first n_load of the row's n elements are read; the rest rank as -inf
         if LENGTHS == LEN_MASKED:
@@ -672,11 +679,11 @@ def _row_window(row, length, lengths_ptr, starts_ptr, LENGTHS: tl.constexpr,
                 HAS_STARTS: tl.constexpr):
     """(n, start) of row `row`: it reads scores[row, start : start + n]."""
     n = length
-    if LENGTHS == LEN_ARRAY:
-        n = tl.load(lengths_ptr + row).to(tl.int32)
+    if LENGTHS == LEN_ARRAY:  # clamped in the array's own dtype: an int64 2**32 + 3 is no 3
+        n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), length).to(tl.int32)
     start = 0
     if HAS_STARTS:
-        start = tl.minimum(tl.maximum(tl.load(starts_ptr + row).to(tl.int32), 0), length)
+        start = tl.minimum(tl.maximum(tl.load(starts_ptr + row), 0), length).to(tl.int32)
     n = tl.minimum(tl.maximum(n, 0), length - start)
     return n, start
 

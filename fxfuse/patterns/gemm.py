@@ -272,6 +272,14 @@ def _chain_guard(m: Match, ctx) -> str | None:
             return f"weight {val(m['w']).dtype} and activation {m['fp8_dtype']} differ"
         if m["scale_col_major"]:
             return "column-major activation scales"
+        ws, n = val(m["w_scale"]), val(m["w"]).shape[0]
+        w_rowwise = ws.numel() == 1 or tuple(ws.shape) in ((n,), (n, 1))
+        if w_rowwise == bool(m["group_size"]):
+            # valid for the GEMM where K is one 128 group, but not a pairing the fused ops take
+            return (
+                f"FP8 group size {m['group_size']} with a {tuple(ws.shape)} weight scale: the fused "
+                "ops pair per-token with per-channel / tensorwise, 1×128 with 128×128 blocks"
+            )
     x = val(m["x"])
     if x.shape[-1] != q.shape[-1] * (2 if kind == "mxfp4" else 1):
         return "the quantized activation is reshaped across its rows"

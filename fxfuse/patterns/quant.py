@@ -88,6 +88,11 @@ def _guard(m: Match, ctx) -> str | None:
         return "quant input is not a float tensor"
     if not is_last_dim(m["amax_dim"], x.dim()):
         return f"amax over dim {m['amax_dim']}, not the last dim"
+    scale_dtype = getattr(val(m["scale"]), "dtype", None)
+    clamped_dtype = getattr(val(m.root.args[0]), "dtype", None)
+    if scale_dtype != torch.float32 or clamped_dtype != torch.float32:
+        # the canonical op computes the scale and the scaled values in fp32
+        return f"the scale is computed in {scale_dtype} (scaled values {clamped_dtype}), not fp32"
     if m.get("fp8_max_input") is not None:
         return literal_wanted(m["fp8_max_input"], "the scale's divisor (FP8_MAX)")
     fp8_max = float(torch.finfo(m["fp8_dtype"]).max)

@@ -64,9 +64,11 @@ class Inserter:
 
     def call(self, target, args: tuple, kwargs: dict | None = None) -> fx.Node:
         kwargs = kwargs or {}
+        # The fake value first: a call its fake refuses (ValueError) leaves no node behind.
+        value = _fake_result(self.ctx.fake_mode, target, args, kwargs)
         with self.ctx.graph.inserting_before(self.before):
             node = self.ctx.graph.call_function(target, args, kwargs)
-        node.meta["val"] = _fake_result(self.ctx.fake_mode, target, args, kwargs)
+        node.meta["val"] = value
         self.created.append(node)
         return node
 

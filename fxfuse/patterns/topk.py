@@ -174,10 +174,34 @@ def _match_items(pairs, state):
 
 
 def _strip(node, targets=VIEWS + CASTS):
-    """The node under a chain of views / casts."""
+    """The node under a chain of views / casts; a cast that may change a value (to a narrower
+    int: `lengths.to(torch.int8)`; between ints and floats) is not stripped."""
     while isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets:
+        if node.target in CASTS and not _keeps_values(node.args[0], node):
+            break
         node = node.args[0]
     return node
+
+
+def _keeps_values(src, cast: fx.Node) -> bool:
+    """Every value of src's dtype is one of the cast's dtype."""
+    a, b = val(src), val(cast)
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return False
+    if a.dtype == b.dtype:
+        return True
+    if a.dtype.is_floating_point and b.dtype.is_floating_point:
+        return torch.finfo(b.dtype).bits >= torch.finfo(a.dtype).bits and (
+            torch.finfo(b.dtype).max >= torch.finfo(a.dtype).max
+        )
+    if a.dtype.is_floating_point or b.dtype.is_floating_point:
+        return False
+    if b.dtype == torch.bool:
+        return a.dtype == torch.bool
+    if a.dtype == torch.bool:
+        return True
+    ia, ib = torch.iinfo(a.dtype), torch.iinfo(b.dtype)
+    return ib.min <= ia.min and ib.max >= ia.max
 
 
 def _arange_length(node) -> int | None:
@@ -787,7 +811,6 @@ def page_transform_guard(m: Match, ctx) -> str | None:
     pad = m["out_fill"]
     if not isinstance(pad, int) or isinstance(pad, bool) or not -(2**31) <= pad < 2**31:
         return f"the output is padded with {pad!r}, not an int32"
-    out_subject = _strip(_subject_of(m, "out_masking"))
     if m.get("idx_masking") is not None:
         reason = _idx_lengths_agree(m, lengths, "idx_masking", "idx")
         idx_pad = m["idx_fill"]
@@ -795,16 +818,15 @@ def page_transform_guard(m: Match, ctx) -> str | None:
             reason = f"invalid indices are set to {idx_pad!r}, not a negative pad"
         if reason:
             return reason
-    if out_subject is _strip(m["idx"]):
-        reason = _idx_lengths_agree(m, lengths, "out_masking", "idx")
-    elif m.get("idx_masking") is not None:
-        reason = _negativity(m, "out_masking", "idx_m", m["idx_fill"])
-    else:
-        reason = "the output is not masked by the index's validity"
+    reason = _tests_validity(m, lengths, "out_masking")
     if reason:
         return f"output padding: {reason}"
-    if m.get("safe_fill_op") is not None and not isinstance(m["safe_fill"], int):
-        return f"invalid indices gather at {m['safe_fill']!r}"
+    if m.get("safe_fill_op") is not None:
+        if not isinstance(m["safe_fill"], int):
+            return f"invalid indices gather at {m['safe_fill']!r}"
+        reason = _tests_validity(m, lengths, "safe_fill_op")
+        if reason:  # the fill moves exactly the invalid indices (the output drops them)
+            return f"the safe gather index: {reason}"
     if m.get("clamp_lo") is not None and (m["clamp_lo"] != 0 or m.get("clamp_hi") is not None):
         return f"indices clamped to [{m['clamp_lo']}, {m.get('clamp_hi')}], not min=0"
     if m["gather_dim"] not in (1, -1):
@@ -827,7 +849,20 @@ def page_transform_guard(m: Match, ctx) -> str | None:
     out = val(m.root)
     if out.dtype not in INDEX_DTYPES:
         return f"the output is {out.dtype}"
+    if table.dtype == torch.int64 and out.dtype == torch.int64:
+        # An int32 result wraps as the graph's would only where the graph narrows it too.
+        return "int64 page table and int64 output: the fused op computes int32 token ids"
     return None
+
+
+def _tests_validity(m: Match, lengths, prefix: str) -> str | None:
+    """The fill `prefix` selects exactly the invalid indices: idx at or past the row length, or
+    the padded idx_m below 0."""
+    if _strip(_subject_of(m, prefix)) is _strip(m["idx"]):
+        return _idx_lengths_agree(m, lengths, prefix, "idx")
+    if m.get("idx_masking") is not None:
+        return _negativity(m, prefix, "idx_m", m["idx_fill"])
+    return "the output is not masked by the index's validity"
 
 
 def _subject_of(m: Match, prefix: str):
@@ -1370,20 +1405,25 @@ def _forced_blocks(m: Match, block_ok) -> tuple[int, int] | str:
         return "the forced blocks are spelled as a keep mask"
     nb = static_int(val(m["block_scores"]).shape[-1])
     is_blk = _index_of(nb)
-    cond = m["forcing_bad"]
-    parts = [cond]
-    if isinstance(cond, fx.Node) and cond.op == "call_function" and cond.target in OR:
-        parts = list(cond.args[:2])
+    parts, pending = [], [m["forcing_bad"]]
+    while pending:  # the tests of a chain of ORs, nested either way
+        cond = pending.pop()
+        if isinstance(cond, fx.Node) and cond.op == "call_function" and cond.target in OR:
+            pending.extend(cond.args[:2])
+        else:
+            parts.append(cond)
     n_init = n_local = 0
     for part in parts:
         test = length_test(part, is_blk)
         if test is None:
             return "the forced mask is not init / local block tests"
         base, offset, past = test
+        # Tests of one kind OR together into the widest; one that forces no block (blk < 0,
+        # blk > last + 1: the causal limit drops those) counts as none.
         if base is None and not past:
-            n_init = offset  # blk < n_init
+            n_init = max(n_init, offset)  # blk < n_init
         elif base is not None and past and block_ok(base):
-            n_local = 1 - offset  # blk >= last + offset
+            n_local = max(n_local, 1 - offset)  # blk >= last + offset
         else:
             return "the forced mask is not blk < n_init | blk > last - n_local"
     return n_init, n_local

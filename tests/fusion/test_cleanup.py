@@ -50,3 +50,72 @@ def test_a_constant_written_in_place_is_not_compared_by_value():
     with graph.inserting_before(scatter):
         graph.call_function(aten.fill_.Scalar, (base, False))
     assert cleanup.merge_pure_duplicates(graph, (aten.topk.default,)) == 0
+
+
+# --- simplify: identities that would change what a graph computes ------------------------------
+
+import fxfuse  # noqa: E402
+
+
+def _fused_equal(model, *inputs):
+    with torch.no_grad():
+        fused = fxfuse.apply_fusions(model, inputs)
+        got, want = fused(*(t.clone() for t in inputs)), model(*(t.clone() for t in inputs))
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    return all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+class _ViewOfTransposedReshape(torch.nn.Module):
+    def forward(self, o):  # attention's o.transpose(1, 2).reshape(B, S, -1) then a view
+        b, h, s, d = o.shape
+        return o.transpose(1, 2).reshape(b, s, h * d).view(b * s, h * d) * 2
+
+
+def test_a_view_of_a_copying_reshape_is_not_folded():
+    """reshape of a transposed tensor copies; folding the view into it would not run."""
+    assert _fused_equal(_ViewOfTransposedReshape(), torch.randn(2, 4, 3, 8))
+
+
+class _TimesOneThenWrite(torch.nn.Module):
+    def forward(self, a):
+        x = a.clone()
+        y = x * 1  # a copy of x, taken before the write
+        x.add_(1)
+        return y, x
+
+
+class _TimesOneOfAViewThenWrite(torch.nn.Module):
+    def forward(self, a):
+        x = a.clone()
+        y = x[1:] * 1
+        x.add_(1)
+        return y, x
+
+
+class _TimesOneReturned(torch.nn.Module):
+    def forward(self, a):
+        return a * 1, a + 1
+
+
+def test_times_one_stays_where_it_is_a_copy_someone_can_tell():
+    for model in (_TimesOneThenWrite(), _TimesOneOfAViewThenWrite()):
+        assert _fused_equal(model, torch.zeros(4))
+    a = torch.zeros(4)
+    with torch.no_grad():
+        out = fxfuse.apply_fusions(_TimesOneReturned(), (a,))(a)[0]
+    assert out.data_ptr() != a.data_ptr()  # the output is not the caller's input
+
+
+def test_times_one_of_an_unwritten_value_still_goes():
+    graph = fx.Graph()
+    t = graph.placeholder("t")
+    t.meta["val"] = torch.empty(4)
+    r = graph.call_function(aten.reciprocal.default, (t,))
+    r.meta["val"] = torch.empty(4)
+    one = graph.call_function(aten.mul.Tensor, (r, 1))
+    one.meta["val"] = torch.empty(4)
+    graph.output(graph.call_function(aten.neg.default, (one,)))
+    cleanup.simplify(graph)
+    graph.lint()
+    assert _calls(graph, aten.mul.Tensor) == 0

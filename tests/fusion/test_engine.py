@@ -154,3 +154,62 @@ def test_two_norms_of_one_residual_sum_both_fuse(reference_path):
         "fxfuse.add_rms_norm_quant_gemm.default", "fxfuse.rms_norm_quant_gemm.default"
     ]
     assert outputs_bytes_equal(got, want)
+
+
+def test_a_replacement_whose_op_refuses_its_arguments_leaves_the_graph_as_it_was():
+    """A fused op's fake raising ValueError (bad arguments the guard let through): the rewrite is
+    reported as refused and the graph keeps every node, lint-clean (no orphaned new node)."""
+    from fxfuse.fusion.engine import fake_mode_of, run_rule
+    from fxfuse.fusion.report import FusionReport
+    from fxfuse.patterns.matcher import Any, Op
+    from fxfuse.patterns.rule import Context, Rule
+
+    aten = torch.ops.aten
+
+    def replace(m, ctx, insert):
+        neg = insert.call(aten.neg.default, (m["x"],))  # fine
+        # quant_fp8 with group_size 3: its fake raises ValueError naming the argument
+        return [insert.call(torch.ops.fxfuse.quant_fp8.default, (neg, 3, FP8, 1e-10, False,
+                                                                  False, False))]  # fmt: skip
+
+    gm = make_fx(lambda x: torch.relu(torch.relu(x)) + 1, tracing_mode="fake")(torch.randn(4, 8))
+    before = [n.format_node() for n in gm.graph.nodes]
+    rule = Rule(name="probe", pattern=Op(aten.relu.default, Op(aten.relu.default, Any("x"))),
+                outputs=lambda m: [m.root], replace=replace)  # fmt: skip
+    report = FusionReport()
+    ctx = Context(gm.graph, report, fxfuse.FusionConfig(), "cpu", fake_mode_of(gm.graph))
+    assert run_rule(rule, ctx) == 0
+    gm.graph.lint()
+    assert [n.format_node() for n in gm.graph.nodes] == before
+    assert any("replacement refused" in reason for _, _, reason in report.rejected)
+
+
+class _WriteThroughAnInPlaceResult(torch.nn.Module):
+    """lc views `lengths`; after `lengths.add_(0)` (whose result aliases lengths) the second
+    add_ writes lc's memory between the score masking and the index check that both read lc."""
+
+    def forward(self, scores, lengths, pt):
+        lengths = lengths.clone()
+        lc = lengths[:, None]
+        lengths.add_(0)
+        pos = torch.arange(scores.shape[1])
+        masked = scores.masked_fill(pos[None, :] >= lc, float("-inf"))
+        idx = torch.topk(masked, 8, dim=-1).indices
+        lengths.add_(1)
+        idx = idx.masked_fill(idx >= lc, -1)
+        return torch.gather(pt, 1, idx.clamp(min=0)).masked_fill(idx < 0, -1)
+
+
+def test_a_write_through_an_in_place_result_between_merged_reads_stops_the_fusion(
+    reference_path,
+):
+    model = _WriteThroughAnInPlaceResult()
+    scores, lengths = torch.randn(2, 8), torch.tensor([3, 5])
+    pt = torch.arange(16, dtype=torch.int32).reshape(2, 8)
+    with torch.no_grad():
+        fused = fxfuse.apply_fusions(model, (scores, lengths, pt))
+        got, want = fused(scores, lengths.clone(), pt), model(scores, lengths.clone(), pt)
+    assert fused.fxfuse_report.counts["topk_page_transform"] == 0
+    reasons = " | ".join(r for _, _, r in fused.fxfuse_report.rejected)
+    assert "in place between reads" in reasons, reasons
+    assert torch.equal(got.sort(-1).values, want.sort(-1).values)

@@ -530,3 +530,59 @@ def test_dequant_with_other_blocks_is_a_near_miss(reference_path):
     assert "gemm_fp8[dequant]" not in fused.fxfuse_report.canonicalized
     assert fused.fxfuse_report.counts["quant_gemm"] == 0
     assert torch.equal(fused(x), model(x))
+
+
+# --- found by probing (eighteenth session) ------------------------------------------------------
+
+
+class Bf16ScaleQuant(torch.nn.Module):
+    """A per-token FP8 quant whose scale stays bf16 (no .float() on amax): the canonical op
+    computes it in fp32, which would change q's bytes and the scale's dtype."""
+
+    def forward(self, x):
+        amax = x.abs().amax(-1, keepdim=True)
+        s = amax.clamp(min=1e-10) / 448.0
+        q = (x.float() / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        return q, s
+
+
+def test_quant_with_a_bf16_scale_is_not_canonicalized(reference_path):
+    x = (torch.randn(8, K) * 3.7).to(torch.bfloat16)
+    model = Bf16ScaleQuant()
+    fused = fxfuse.apply_fusions(model, (x,))
+    assert not fused.fxfuse_report.canonicalized
+    reasons = " | ".join(r for _, _, r in fused.fxfuse_report.rejected)
+    assert "not fp32" in reasons, str(fused.fxfuse_report)
+    (q, s), (q_want, s_want) = fused(x), model(x)
+    assert s.dtype == torch.bfloat16 and torch.equal(s, s_want)
+    assert torch.equal(q.view(torch.uint8), q_want.view(torch.uint8))
+
+
+class MispairedScales(torch.nn.Module):
+    """K = 128: a 1×128 quant (scale (M, 1)) feeding a per-channel weight scale, or a per-token
+    quant feeding 128×128 block scales; valid GEMMs, not pairings the fused ops take."""
+
+    def __init__(self, group_size):
+        super().__init__()
+        n = 256 if group_size == 0 else 32
+        self.group_size = group_size
+        self.register_buffer("w", (torch.randn(n, 128) * 8).clamp(-448, 448).to(torch.float8_e4m3fn))
+        scale_shape = (n // 128, 1) if group_size == 0 else (n, 1)
+        self.register_buffer("ws", torch.rand(scale_shape) + 0.5)
+
+    def forward(self, x):
+        q, s = ops.quant_fp8(x, self.group_size or None)
+        return ops.gemm_fp8(q, s, self.w, self.ws)
+
+
+@pytest.mark.parametrize("group_size", [0, 128])
+@pytest.mark.parametrize("rows", [1, 33])
+def test_mispaired_quant_and_weight_scales_are_left_alone(group_size, rows):
+    """Interpreter (the prequant kernel at M ≤ 32 refused these): no fusion, eager's numbers."""
+    model = MispairedScales(group_size)
+    x = torch.randn(rows, 128).to(torch.bfloat16)
+    fused = fxfuse.apply_fusions(model, (x,))
+    assert fused.fxfuse_report.counts["quant_gemm"] == 0, str(fused.fxfuse_report)
+    reasons = " | ".join(r for _, _, r in fused.fxfuse_report.rejected)
+    assert "weight scale" in reasons, str(fused.fxfuse_report)
+    assert torch.equal(fused(x), model(x))

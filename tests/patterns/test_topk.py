@@ -1393,3 +1393,123 @@ def test_disable_turns_the_patterns_off(reference_path):
     assert "topk_page_transform" not in fused.fxfuse_report.counts
     assert not any("topk" in str(n.target) and "fxfuse" in str(n.target) for n in fused.graph.nodes)
     assert math.isfinite(fused(scores, lengths, table).float().sum())
+
+
+# --- found by probing (eighteenth session): forms that fired with other meanings ----------------
+
+
+def safe_fill_not_validity(scores, lengths, page_table, k=K):
+    """The safe gather index moves VALID indices (idx < 4 → 0): not the invalid ones."""
+    pos = torch.arange(scores.shape[1])
+    masked = scores.masked_fill(pos[None, :] >= lengths[:, None], NEG_INF)
+    idx = torch.topk(masked, k, dim=-1).indices
+    idx = idx.masked_fill(idx >= lengths[:, None], -1)
+    safe = torch.where(idx < 4, 0, idx)
+    return torch.gather(page_table, 1, safe).masked_fill(idx < 0, -1)
+
+
+def safe_fill_of_invalid(scores, lengths, page_table, k=K):
+    """The same with the safe index moving exactly the padded (negative) indices: fires."""
+    pos = torch.arange(scores.shape[1])
+    masked = scores.masked_fill(pos[None, :] >= lengths[:, None], NEG_INF)
+    idx = torch.topk(masked, k, dim=-1).indices
+    idx = idx.masked_fill(idx >= lengths[:, None], -1)
+    safe = torch.where(idx < 0, 0, idx)
+    return torch.gather(page_table, 1, safe).masked_fill(idx < 0, -1)
+
+
+def narrowed_length_check(scores, lengths, page_table, k=K):
+    """The index check reads lengths.to(int8) (200 → -56), the score masking lengths."""
+    pos = torch.arange(scores.shape[1])
+    masked = scores.masked_fill(pos[None, :] >= lengths[:, None], NEG_INF)
+    idx = torch.topk(masked, k, dim=-1).indices
+    idx = idx.masked_fill(idx >= lengths.to(torch.int8)[:, None], -1)
+    return torch.gather(page_table, 1, idx.clamp(min=0)).masked_fill(idx < 0, -1)
+
+
+def test_safe_gather_index_must_move_only_invalid_indices(reference_path):
+    scores, lengths, table = _page_case()
+    scores[:, :4] += 10  # the first four columns are always picked
+    _assert_not_fired(
+        safe_fill_not_validity, (scores, lengths, table), "topk_page_transform", "safe gather"
+    )
+    out, report, ops = _fuse(safe_fill_of_invalid, (scores, lengths, table), "export")
+    _assert_fired(report, ops, "topk_page_transform", "fxfuse.topk_page_transform")
+    want = safe_fill_of_invalid(scores, lengths, table)
+    assert torch.equal(out.sort(-1).values, want.sort(-1).values)
+
+
+def test_a_narrowing_cast_is_another_length(reference_path):
+    scores, _, table = _page_case(length=256)
+    lengths = torch.tensor([200, 5, 130, 256])
+    _assert_not_fired(
+        narrowed_length_check, (scores, lengths, table), "topk_page_transform", "another length"
+    )
+
+
+def test_int64_page_ids_kept_int64_do_not_fire(reference_path):
+    """The fused op computes int32 token ids: an int64 table whose ids the graph keeps in int64
+    (≥ 2**31 here) is left alone; the same table with an int32 output fuses (it wraps alike)."""
+    scores, lengths, _ = _page_case()
+    table = torch.arange(4 * 64, dtype=torch.int64).reshape(4, 64) + 2**31 + 7
+
+    def wide(scores, lengths, page_table, k=K):
+        return safe_fill_of_invalid(scores, lengths, page_table, k)
+
+    _assert_not_fired(wide, (scores, lengths, table), "topk_page_transform", "int32 token ids")
+
+    def narrowed(scores, lengths, page_table, k=K):
+        return safe_fill_of_invalid(scores, lengths, page_table, k).to(torch.int32)
+
+    out, report, ops = _fuse(narrowed, (scores, lengths, table), "export")
+    _assert_fired(report, ops, "topk_page_transform", "fxfuse.topk_page_transform")
+    want = narrowed(scores, lengths, table)
+    assert torch.equal(out.sort(-1).values, want.sort(-1).values)
+
+
+def _forced_table(block_scores, positions, k=4, init=(3, 1), local=(1,), past_local=False):
+    """Forced blocks spelled as several tests ORed: blk < a | blk < b | blk > last - c ...;
+    `past_local`: a local test past the causal limit (blk > last + 1), which forces nothing."""
+    nb = block_scores.shape[-1]
+    last = positions // 128
+    blk = torch.arange(nb)[None, :]
+    forced = blk < init[0]
+    for a in init[1:]:
+        forced = forced | (blk < a)
+    for c in local:
+        forced = forced | (blk > last[:, None] - c)
+    if past_local:
+        forced = forced | (blk > last[:, None] + 1)
+    s = block_scores.masked_fill(forced, float("inf"))
+    s = s.masked_fill(blk > last[:, None], float("-inf"))
+    idx = s.topk(k, dim=-1).indices
+    idx = torch.where(idx <= last[:, None], idx, nb).sort(dim=-1).values
+    return idx.masked_fill(idx == nb, -1).to(torch.int32)
+
+
+@pytest.mark.parametrize(
+    "consts",
+    [
+        {"init": (3, 1), "local": (1,)},  # two init tests: the wider, 3
+        {"init": (1,), "local": (3, 1)},  # two local tests: the wider, 3
+        {"init": (1,), "local": (), "past_local": True},  # forces nothing past the limit
+    ],
+)
+def test_block_table_forced_tests_or_into_their_union(consts, reference_path):
+    positions = torch.tensor([2437, 700, 5000])
+    scores = torch.linspace(1, 0, 20).repeat(3, 1)
+    scores[:, 1:3] = -100.0  # bad, but forced by blk < 3
+    scores[:, 17:19] = -100.0  # bad, but forced by blk > last - 3 (last 19)
+    out, report, ops = _fuse(_forced_table, (scores, positions), "export", **consts)
+    _assert_fired(report, ops, "topk_block_table", "fxfuse.topk_block_table")
+    assert torch.equal(out, _forced_table(scores, positions, **consts))
+
+
+def test_page_transform_kernel_clamps_int64_lengths_before_narrowing():
+    """Interpreter: a length of 2**32 + 3 is longer than the row (torch clamps in int64), not 3."""
+    scores, _, table = _page_case(rows=2, length=32)
+    lengths = torch.tensor([2**32 + 3, 5])
+    out = torch.ops.fxfuse.topk_page_transform(scores, K, lengths, table.int(), 1)
+    want = topk_ref.topk_page_transform_ref(scores, K, lengths, table.int(), 1)
+    assert torch.equal(out.sort(-1).values, want.sort(-1).values)
+    assert (out[0] >= 0).all()
