@@ -1513,3 +1513,14 @@ def test_page_transform_kernel_clamps_int64_lengths_before_narrowing():
     want = topk_ref.topk_page_transform_ref(scores, K, lengths, table.int(), 1)
     assert torch.equal(out.sort(-1).values, want.sort(-1).values)
     assert (out[0] >= 0).all()
+
+
+def test_page_transform_kernel_pads_a_negative_row_to_batch():
+    """Interpreter: a negative row_to_batch entry reads no memory before the table: padding
+    (documented: entries are batch rows; torch and the reference index from the end)."""
+    scores, lengths, table = _page_case(rows=2, length=32, batches=2)
+    r2b = torch.tensor([-1, 0])
+    out = torch.ops.fxfuse.topk_page_transform(scores, K, lengths, table, 1, None, r2b)
+    assert (out[0] == -1).all()
+    want = topk_ref.topk_page_transform_ref(scores, K, lengths, table, 1, None, r2b)
+    assert torch.equal(out[1].sort().values, want[1].sort().values)
