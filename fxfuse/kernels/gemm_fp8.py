@@ -52,8 +52,8 @@ from fxfuse.kernels.gemm_ref import (
     _check_devices,
     _check_out_dtype,
     _check_tensor,
-    _is_scalar_scale,
     check_gemm_fp8_args,
+    is_rowwise_w_scale,
     scale_strides,
 )
 from fxfuse.kernels.gemm_split_cat import destinations, epilogue_args, split_epilogue
@@ -725,7 +725,7 @@ def gemm_a16w8(
         raise ValueError(f"x: K must be a multiple of 128 for group_size=128, got {k}")
     _check_devices({"x": x, "w": w, "w_scale": w_scale})
     n = w.shape[0]
-    w_rowwise = _is_scalar_scale(w_scale) or tuple(w_scale.shape) in ((n,), (n, 1))
+    w_rowwise = is_rowwise_w_scale(w_scale, n)
     if w_rowwise == bool(group_size):
         raise ValueError(
             f"w_scale: shape {tuple(w_scale.shape)} does not pair with group_size={group_size} "

@@ -59,6 +59,12 @@ def _is_scalar_scale(s: torch.Tensor) -> bool:
     return s.dim() == 0 or (s.dim() == 1 and s.shape[0] == 1)
 
 
+def is_rowwise_w_scale(w_scale: torch.Tensor, n: int) -> bool:
+    """An FP8 weight scale per channel ((N,), (N, 1)) or tensorwise ((), (1,)), as the GEMMs
+    read it (any other shape is a 128×128 blockscale)."""
+    return _is_scalar_scale(w_scale) or _shape(w_scale) in ((n,), (n, 1))
+
+
 def scale_strides(s: torch.Tensor) -> tuple[int, int]:
     """Strides (rows, groups) of an FP8 GEMM's scale tensor, for kernels; 0 where it broadcasts."""
     if _is_scalar_scale(s):
@@ -83,7 +89,7 @@ def check_gemm_fp8_args(q, x_scale, w, w_scale, out_dtype, out_dtypes=OUT_DTYPES
         raise ValueError(f"w: expected (N, {k}) to match q's K, got {_shape(w)}")
     _check_devices({"q": q, "x_scale": x_scale, "w": w, "w_scale": w_scale})
     kb, nb = -(-k // FP8_BLOCK), -(-n // FP8_BLOCK)
-    w_rowwise = _is_scalar_scale(w_scale) or _shape(w_scale) in ((n,), (n, 1))
+    w_rowwise = is_rowwise_w_scale(w_scale, n)
     if w_rowwise:
         if not (_is_scalar_scale(x_scale) or _shape(x_scale) == (m, 1)):
             raise ValueError(

@@ -583,8 +583,9 @@ def _topk_kernel(
         if (LENGTHS == LEN_ARRAY) | (LENGTHS == LEN_MASKED):
             n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), length).to(tl.int32)
         elif LENGTHS == LEN_POSITIONS:
-            # past the row's last block + 1 every block is whole: the same blocks and counts
-            p_top = ((length + 1) << LOG2_BLOCK) - 1
+            # a last block past the row's by k or more (n_local <= k) forces, limits and counts
+            # the row's blocks as the real one does
+            p_top = ((length + k + 1) << LOG2_BLOCK) - 1
             p = tl.load(positions_ptr + row // NUM_KV_HEADS)
             p = tl.minimum(tl.maximum(p, -1), p_top).to(tl.int32)
             last = p >> LOG2_BLOCK  # arithmetic shift: floor, also for p < 0

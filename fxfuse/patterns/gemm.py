@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from fxfuse.kernels import gemm_ref
 from fxfuse.kernels.formats import FP8_DTYPES
 from fxfuse.patterns.common import MUL
 from fxfuse.patterns.matcher import Alt, Any, Cast, Getitem, Lit, Match, Maybe, Op
@@ -273,7 +274,7 @@ def _chain_guard(m: Match, ctx) -> str | None:
         if m["scale_col_major"]:
             return "column-major activation scales"
         ws, n = val(m["w_scale"]), val(m["w"]).shape[0]
-        w_rowwise = ws.numel() == 1 or tuple(ws.shape) in ((n,), (n, 1))
+        w_rowwise = gemm_ref.is_rowwise_w_scale(ws, n)
         if w_rowwise == bool(m["group_size"]):
             # valid for the GEMM where K is one 128 group, but not a pairing the fused ops take
             return (

@@ -598,3 +598,14 @@ def test_gpu_mask_finite_only(cfg):
         out = topk.topk_mask(scores.cuda(), k, None, kind, block, finite_only=True, config=cfg)
         want = topk_ref.topk_mask_ref(scores, k, None, kind, block, finite_only=True)
         assert torch.equal(out.cpu(), want)
+
+
+def test_block_table_int64_positions_clamp_before_narrowing():
+    """Positions past int32 (and far past the row) count as the row's whole length, as the int64
+    reference has them, not as their low 32 bits; forced local blocks as the reference's too."""
+    scores = torch.randn(3, 40)
+    positions = torch.tensor([2**32 + 5, 40 * 128 + 500, -7], dtype=torch.int64)
+    for n_init, n_local in ((1, 1), (0, 3)):
+        got = topk.topk_block_table(scores, 8, positions, 128, n_init, n_local)
+        want = topk_ref.topk_block_table_ref(scores, 8, positions, 128, n_init, n_local)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
