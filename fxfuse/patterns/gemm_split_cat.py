@@ -583,6 +583,27 @@ def _outputs(m: Match) -> list[fx.Node]:
     return others if m["piece_index"] is None else [m.root, *others]
 
 
+def _graph_output_layouts(replace):
+    """`replace`, with a value whose node the graph returns given back the graph's layout where
+    the fused one differs: a contiguous copy (the caller may view it), else refused."""
+
+    def wrapped(m: Match, ctx, build):
+        values = list(replace(m, ctx, build))
+        for i, (old, new) in enumerate(zip(_outputs(m), values)):
+            if not any(user.op == "output" for user in old.users):
+                continue
+            new_val = new.meta["val"] if isinstance(new, fx.Node) else new
+            if _same_layout(val(old), new_val):
+                continue
+            if not val(old).is_contiguous():
+                raise ValueError(f"the graph returns {old.name} with strides the fused op lacks")
+            copy = (new,), {"memory_format": torch.contiguous_format}
+            values[i] = build.call(aten.clone.default, *copy)
+        return values
+
+    return wrapped
+
+
 def _replace_split_cat(m: Match, ctx, build):
     layout, producer = _layout(m), _producer(m)
     sizes = m["sizes"]
@@ -855,10 +876,14 @@ RULES = [
         pattern=SPLIT_CAT,
         outputs=_outputs,
         guard=split_cat_guard,
-        replace=_replace_split_cat,
+        replace=_graph_output_layouts(_replace_split_cat),
         mutations=lambda m: m.get("copies") or [],
     ),
     Rule(
-        name=NAME, pattern=SPLIT_ONLY, outputs=_outputs, guard=split_guard, replace=_replace_split
+        name=NAME,
+        pattern=SPLIT_ONLY,
+        outputs=_outputs,
+        guard=split_guard,
+        replace=_graph_output_layouts(_replace_split),
     ),
 ]
