@@ -1398,23 +1398,14 @@ def test_disable_turns_the_patterns_off(reference_path):
 # --- found by probing (eighteenth session): forms that fired with other meanings ----------------
 
 
-def safe_fill_not_validity(scores, lengths, page_table, k=K):
-    """The safe gather index moves VALID indices (idx < 4 → 0): not the invalid ones."""
+def safe_fill(scores, lengths, page_table, k=K, below=0):
+    """The safe gather index: `where(idx < below, 0, idx)`. below 0 moves exactly the padded
+    (negative) indices; below 4 also moves VALID ones (idx 1..3 → 0): not the page transform."""
     pos = torch.arange(scores.shape[1])
     masked = scores.masked_fill(pos[None, :] >= lengths[:, None], NEG_INF)
     idx = torch.topk(masked, k, dim=-1).indices
     idx = idx.masked_fill(idx >= lengths[:, None], -1)
-    safe = torch.where(idx < 4, 0, idx)
-    return torch.gather(page_table, 1, safe).masked_fill(idx < 0, -1)
-
-
-def safe_fill_of_invalid(scores, lengths, page_table, k=K):
-    """The same with the safe index moving exactly the padded (negative) indices: fires."""
-    pos = torch.arange(scores.shape[1])
-    masked = scores.masked_fill(pos[None, :] >= lengths[:, None], NEG_INF)
-    idx = torch.topk(masked, k, dim=-1).indices
-    idx = idx.masked_fill(idx >= lengths[:, None], -1)
-    safe = torch.where(idx < 0, 0, idx)
+    safe = torch.where(idx < below, 0, idx)
     return torch.gather(page_table, 1, safe).masked_fill(idx < 0, -1)
 
 
@@ -1430,12 +1421,11 @@ def narrowed_length_check(scores, lengths, page_table, k=K):
 def test_safe_gather_index_must_move_only_invalid_indices(reference_path):
     scores, lengths, table = _page_case()
     scores[:, :4] += 10  # the first four columns are always picked
-    _assert_not_fired(
-        safe_fill_not_validity, (scores, lengths, table), "topk_page_transform", "safe gather"
-    )
-    out, report, ops = _fuse(safe_fill_of_invalid, (scores, lengths, table), "export")
+    args = (scores, lengths, table)
+    _assert_not_fired(safe_fill, args, "topk_page_transform", "safe gather", below=4)
+    out, report, ops = _fuse(safe_fill, args, "export")
     _assert_fired(report, ops, "topk_page_transform", "fxfuse.topk_page_transform")
-    want = safe_fill_of_invalid(scores, lengths, table)
+    want = safe_fill(scores, lengths, table)
     assert torch.equal(out.sort(-1).values, want.sort(-1).values)
 
 
@@ -1454,12 +1444,12 @@ def test_int64_page_ids_kept_int64_do_not_fire(reference_path):
     table = torch.arange(4 * 64, dtype=torch.int64).reshape(4, 64) + 2**31 + 7
 
     def wide(scores, lengths, page_table, k=K):
-        return safe_fill_of_invalid(scores, lengths, page_table, k)
+        return safe_fill(scores, lengths, page_table, k)
 
     _assert_not_fired(wide, (scores, lengths, table), "topk_page_transform", "int32 token ids")
 
     def narrowed(scores, lengths, page_table, k=K):
-        return safe_fill_of_invalid(scores, lengths, page_table, k).to(torch.int32)
+        return safe_fill(scores, lengths, page_table, k).to(torch.int32)
 
     out, report, ops = _fuse(narrowed, (scores, lengths, table), "export")
     _assert_fired(report, ops, "topk_page_transform", "fxfuse.topk_page_transform")
