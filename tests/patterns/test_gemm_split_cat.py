@@ -153,13 +153,15 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def _check_numbers(got, inputs, spelling, s1):
-    """GEMM parts ≤ RTOL against the spelling in float64; y's slice exact."""
+def _check_numbers(got, inputs, spelling, s1, eager_strides=True):
+    """GEMM parts ≤ RTOL against the spelling in float64; y's slice exact; eager_strides: each
+    output has eager's strides (under torch.compile Inductor picks its outputs' strides)."""
     want = spelling(*(t.double() for t in inputs))
     assert len(got) == len(want)
     for i, (g, ref) in enumerate(zip(got, want)):
         assert g.shape == ref.shape and g.dtype == inputs[0].dtype
-        assert g.stride() == ref.stride(), (i, g.stride(), ref.stride())  # the caller may view it
+        if eager_strides:  # the caller may view it
+            assert g.stride() == ref.stride(), (i, g.stride(), ref.stride())
         if i == 0 and spelling is not kv_a:
             assert rel_err(g[..., :s1], ref[..., :s1]) <= RTOL
             assert torch.equal(g[..., s1:].double(), ref[..., s1:])
@@ -280,7 +282,7 @@ def test_torch_compile_post_grad_fires(spelling):
     assert report.counts[NAME] == 1, str(report)
     op = SPLIT_OP if spelling in (kv_a, hf_no_rope, no_rope_cat, heads_clone) else SPLIT_CAT_OP
     assert any(r.replacement == op for r in report.rewrites)
-    _check_numbers(got, inputs, spelling, 0 if spelling is kv_a else S1)
+    _check_numbers(got, inputs, spelling, 0 if spelling is kv_a else S1, eager_strides=False)
 
 
 # --- near-misses --------------------------------------------------------------------------------
