@@ -8,8 +8,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from fxfuse.fusion.engine import alias_base
-from fxfuse.patterns.rule import val
+from fxfuse.patterns.rule import alias_base, val
 
 aten = torch.ops.aten
 VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
@@ -83,8 +82,21 @@ def merge_duplicates(graph: fx.Graph, targets: tuple, into: dict[str, str] | Non
     """Replaces later calls of `targets` with identical arguments by the first (Llama's q, k and v
     projections each quantizing the same normed input). Returns how many were merged; `into`
     gets each merged node's name -> the name of the node it was merged into."""
-    calls = [n for n in graph.nodes if n.op == "call_function" and n.target in targets]
+    calls = [
+        n
+        for n in graph.nodes
+        if n.op == "call_function" and n.target in targets and not _written_around(n)
+    ]
     return _merge_into_first(graph, calls, into)
+
+
+def _written_around(node: fx.Node) -> bool:
+    """Whether a merge could tell two equal calls apart: the call's outputs are written in place
+    (through any view), or memory one of its tensor inputs views is written anywhere. (Two equal
+    results the graph returns become one tensor returned twice.)"""
+    if _written(node, outputs_write=False):
+        return True
+    return any(_written(alias_base(arg), outputs_write=False) for arg in node.all_input_nodes)
 
 
 def merge_pure_duplicates(graph: fx.Graph, sources: tuple) -> int:
@@ -154,13 +166,15 @@ def _pure(node: fx.Node) -> bool:
     )
 
 
-def _written(node: fx.Node) -> bool:
+def _written(node: fx.Node, outputs_write: bool = True) -> bool:
     """Whether any user writes to node, or to a view of it (conservative for calls it cannot
-    read the schema of)."""
+    read the schema of; for the graph's output too unless `outputs_write` is False)."""
     for user in node.users:
         if user.target is operator.getitem:
-            if _written(user):  # an item of a list of views (split)
+            if _written(user, outputs_write):  # an item of a list of views (split)
                 return True
+            continue
+        if user.op == "output" and not outputs_write:
             continue
         if user.op != "call_function" or not isinstance(user.target, torch._ops.OpOverload):
             return True
@@ -172,7 +186,9 @@ def _written(node: fx.Node) -> bool:
                 continue
             if arg.alias_info.is_write:
                 return True
-            if any(r.alias_info is not None for r in schema.returns) and _written(user):
+            if any(r.alias_info is not None for r in schema.returns) and _written(
+                user, outputs_write
+            ):
                 return True  # the user returns a view of node that is written
     return False
 

@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from fxfuse.patterns.matcher import Match, match_at
-from fxfuse.patterns.rule import Context, Inserter, Rule
+from fxfuse.patterns.rule import Context, Inserter, Rule, alias_base
 
 
 def fake_mode_of(graph: fx.Graph) -> FakeTensorMode:
@@ -249,24 +249,6 @@ def _hoist(graph: fx.Graph, leaves: list[fx.Node], first_user: int, pos: dict) -
     for node in sorted(late, key=pos.__getitem__):
         anchor.prepend(node)
     return True
-
-
-def alias_base(node: fx.Node) -> fx.Node:
-    """The node whose memory `node` views: back through ops whose result aliases their first
-    argument (view, reshape, slice, transpose, ...; in-place ops, which return it) and getitems
-    of their tuples."""
-    while node.op == "call_function":
-        if node.target is operator.getitem:
-            node = node.args[0]
-            continue
-        schema = getattr(node.target, "_schema", None)
-        first = schema.arguments[0] if schema is not None and schema.arguments else None
-        if first is None or first.alias_info is None or not schema.returns:
-            break
-        if schema.returns[0].alias_info is None or not isinstance(node.args[0], fx.Node):
-            break
-        node = node.args[0]
-    return node
 
 
 def _written(node: fx.Node) -> set[fx.Node] | None:

@@ -25,7 +25,7 @@ from torch import fx
 from fxfuse.patterns import gemm, rms_norm_quant
 from fxfuse.patterns.matcher import Alt, Any, Getitem, Lit, Match, Op
 from fxfuse.patterns.quant import VIEWS, canonical_fp8, canonical_mxfp4
-from fxfuse.patterns.rule import Inserter, Rule, val
+from fxfuse.patterns.rule import Inserter, Rule, alias_base, val
 from fxfuse.runtime import allreduce_ops  # noqa: F401 - registers torch.ops.fxfuse.allreduce_*
 
 fxfuse = torch.ops.fxfuse
@@ -93,6 +93,8 @@ def _in_place_guard(m: Match, ctx) -> str | None:
     buffer = m["local"]
     if buffer.op == "placeholder":
         return f"the in-place all-reduce writes graph input {buffer.name}"
+    if alias_base(buffer) is not buffer:  # a slice of a wider buffer: its other views see it
+        return f"the in-place all-reduce writes {buffer.name}, a view of {alias_base(buffer).name}"
     others = [u.name for u in buffer.users if u not in (m["all_reduce"], m["inplace_copy"])]
     if others:
         return f"the all-reduced buffer {buffer.name} has other users ({', '.join(others)})"

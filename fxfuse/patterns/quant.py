@@ -88,6 +88,9 @@ def _guard(m: Match, ctx) -> str | None:
         return "quant input is not a float tensor"
     if not is_last_dim(m["amax_dim"], x.dim()):
         return f"amax over dim {m['amax_dim']}, not the last dim"
+    q = val(m.root)
+    if isinstance(q, torch.Tensor) and not q.is_contiguous():
+        return f"the quantized value has strides {tuple(q.stride())}; the op's are contiguous"
     scale_dtype = getattr(val(m["scale"]), "dtype", None)
     clamped_dtype = getattr(val(m.root.args[0]), "dtype", None)
     if scale_dtype != torch.float32 or clamped_dtype != torch.float32:

@@ -26,6 +26,7 @@ from fxfuse.patterns.common import (
     maybe_cast,
     mean_spelling,
     same_size,
+    static_int,
     tensor_of,
 )
 from fxfuse.patterns.matcher import Alt, Any, Cast, Getitem, Lit, Match, Op
@@ -89,6 +90,20 @@ def _spellings() -> dict[str, object]:
 # --- guards -------------------------------------------------------------------------------------
 
 
+def _mean_rounding(m: Match, n, target: str) -> str | None:
+    """The canonical op's mean rounds as torch's `mean` on the target: sum / N on the CPU,
+    sum · fp32(1 / N) on a GPU (kernels/rms_norm_quant.py). The other spelling rounds
+    differently unless 1 / N is exact (N a power of 2)."""
+    n = static_int(n)
+    if n is not None and n > 0 and not n & (n - 1):
+        return None
+    if m.get("mean_recip_n") is not None and target == "cpu":
+        return f"sum · (1/{n}) on the CPU target, where the op's mean is sum / {n}"
+    if m.get("mean_n") is not None and target != "cpu":
+        return f"sum / {n} on a GPU target ({target}), where the op's mean is sum · (1/{n})"
+    return None
+
+
 def _guard(style: str):
     def guard(m: Match, ctx) -> str | None:
         h, why = tensor_of(m["h"], "norm input")
@@ -96,6 +111,10 @@ def _guard(style: str):
             return why
         if h.dtype not in FLOAT_DTYPES:
             return f"norm input dtype {h.dtype} is not bf16/fp16/fp32"
+        out = val(m.root)
+        if isinstance(out, torch.Tensor) and not out.is_contiguous():
+            # a permuted dense input: eager's elementwise outputs keep its layout, the op's do not
+            return f"the norm's output has strides {tuple(out.stride())}; the op's are contiguous"
         n = h.shape[-1]
         w, why = tensor_of(m["w"], "norm weight")
         if why:
@@ -117,6 +136,9 @@ def _guard(style: str):
             return f"sum divided by {m['mean_n']}, not the row length {n}"
         if m.get("mean_recip_n") is not None and as_float(m["mean_recip_n"]) != 1.0 / n:
             return f"sum scaled by {m['mean_recip_n']}, not 1/{n}"
+        reason = _mean_rounding(m, n, ctx.target)
+        if reason:
+            return reason
         eps = as_float(m["eps"])
         if eps is None or eps < 0:
             return f"eps {m['eps']!r} is not a non-negative literal"

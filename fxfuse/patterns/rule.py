@@ -89,3 +89,23 @@ def _fake_result(fake_mode: FakeTensorMode, target, args, kwargs):
         return target(*fargs, **fkwargs)
 
 
+def alias_base(node: fx.Node) -> fx.Node:
+    """The node whose memory `node` views: back through ops whose result aliases their first
+    argument (view, reshape, slice, transpose, ...; in-place ops, which return it) and getitems
+    of the lists of views they return (split)."""
+    while node.op == "call_function":
+        if node.target is operator.getitem:
+            producer = node.args[0]
+            returns = getattr(getattr(producer, "target", None), "_schema", None)
+            if returns is None or not returns.returns or returns.returns[0].alias_info is None:
+                break  # an item of a call that returns new tensors (topk's values, say)
+            node = producer
+            continue
+        schema = getattr(node.target, "_schema", None)
+        first = schema.arguments[0] if schema is not None and schema.arguments else None
+        if first is None or first.alias_info is None or not schema.returns:
+            break
+        if schema.returns[0].alias_info is None or not isinstance(node.args[0], fx.Node):
+            break
+        node = node.args[0]
+    return node

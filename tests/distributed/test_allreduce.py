@@ -231,6 +231,25 @@ def case_in_place_buffer_aliased(rank, world):
     return _fuse_and_compare(AliasedInPlace, rank)
 
 
+class SliceInPlace(nn.Module):
+    """The in-place all-reduce of a slice of a wider buffer, which the graph returns: the reduced
+    columns must reach the buffer (found by a probe: the write-back was erased)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter((1 + 0.1 * torch.randn(N)).to(torch.bfloat16))
+
+    def forward(self, x, r):
+        t = torch.cat([x, r]) * 2
+        u = t[: x.shape[0]]  # a contiguous view (eager gloo reduces those in place)
+        dist.all_reduce(u, group=GROUP)
+        return (*per_token_div(llama(u, self.weight)), t)
+
+
+def case_in_place_slice(rank, world):
+    return _fuse_and_compare(SliceInPlace, rank)
+
+
 def case_group_of_one(rank, world):
     group, _ = dist.new_subgroups(1)  # every rank alone: the all-reduce is the identity
 
@@ -386,7 +405,8 @@ SESSION = {
     2: ["functional_residual_fp8", "functional_plain_mxfp4", "in_place_residual_group128",
         "fxfuse_op_residual_first_norm_only", "functional_plain_norm_only", "interpreted_kernels",
         "reduced_used_elsewhere", "reduce_max", "in_place_on_graph_input",
-        "in_place_buffer_aliased", "torch_compile", "opcheck", "gemm_fp8_per_token_residual",
+        "in_place_buffer_aliased", "in_place_slice", "torch_compile", "opcheck",
+        "gemm_fp8_per_token_residual",
         "gemm_fp8_group128_in_place", "gemm_mxfp4_plain", "gemm_q_used_elsewhere",
         "gemm_norm_read_elsewhere", "gemm_norm_read_elsewhere_plain_mxfp4",
         "norm_read_elsewhere_residual_fp8", "norm_read_elsewhere_plain_mxfp4",
@@ -530,6 +550,10 @@ def test_in_place_all_reduce_of_a_graph_input_does_not_fire(ranks):
 
 def test_in_place_all_reduce_of_an_aliased_buffer_does_not_fire(ranks):
     _assert_not_fired(_case(ranks, 2, "in_place_buffer_aliased"), "has other users (select")
+
+
+def test_in_place_all_reduce_of_a_slice_does_not_fire(ranks):
+    _assert_not_fired(_case(ranks, 2, "in_place_slice"), "a view of")
 
 
 def test_fused_ops_pass_opcheck_with_a_group(ranks):

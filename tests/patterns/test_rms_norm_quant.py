@@ -569,3 +569,76 @@ def test_group_quant_with_symbolic_leading_dims(reference_path, dims):
     assert "fxfuse.quant_fp8.default" in fused_targets(fused)
     for inp in (x, *others):
         assert outputs_bytes_equal(fused(inp), model(inp))
+
+
+# --- found by probing (eighteenth session) ------------------------------------------------------
+
+
+class TwoEqualNormsOneWritten(nn.Module):
+    """Two equal norms of x, one scaled in place after: they are two tensors, not one."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(N, dtype=torch.bfloat16), requires_grad=False)
+
+    def forward(self, x):
+        a = llama(x, self.weight)
+        b = llama(x, self.weight)
+        a.mul_(2)
+        return a, b
+
+
+def test_equal_canonical_ops_one_written_in_place_stay_two(reference_path):
+    model, inputs = TwoEqualNormsOneWritten(), _inputs()[:1]
+    fused = _fuse(model, inputs)
+    assert outputs_bytes_equal(fused(*inputs), model(*inputs))
+
+
+class SumTimesReciprocal(nn.Module):
+    """The mean spelled sum(h²) · (1/N): exact only where 1/N is (N a power of 2)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter((1 + 0.1 * torch.randn(n)).to(torch.bfloat16))
+        self.n = n
+
+    def forward(self, x):
+        h = x.float()
+        var = h.pow(2).sum(-1, keepdim=True) * (1.0 / self.n)
+        y = self.weight * (h * torch.rsqrt(var + 1e-6)).to(x.dtype)
+        return per_token_div(y)
+
+
+def test_mean_as_sum_times_reciprocal_fuses_only_where_it_rounds_as_the_op(reference_path):
+    """CPU target: the op's mean is sum / N; sum · (1/96) is another rounding (refused), while
+    sum · (1/128) is exact (fuses); on a GPU target the op multiplies, so 96 fuses there."""
+    for n, fires in ((96, False), (128, True)):
+        model, x = SumTimesReciprocal(n), torch.randn(16, n).mul(3).to(torch.bfloat16)
+        fused = _fuse(model, (x,))
+        assert fused.fxfuse_report.counts["rmsnorm_quant"] == int(fires), str(fused.fxfuse_report)
+        assert outputs_bytes_equal(fused(x), model(x))
+        if not fires:
+            reasons = " | ".join(r for _, _, r in fused.fxfuse_report.rejected)
+            assert "sum · (1/96) on the CPU target" in reasons, reasons
+    x = torch.randn(16, 96).mul(3).to(torch.bfloat16)
+    gpu = _fuse(SumTimesReciprocal(96), (x,), config=fxfuse.FusionConfig(target="sm90"))
+    assert gpu.fxfuse_report.counts["rmsnorm_quant"] == 1, str(gpu.fxfuse_report)
+
+
+class PermutedNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter((1 + 0.1 * torch.randn(64)).to(torch.bfloat16))
+
+    def forward(self, x):  # x dense but permuted: eager's outputs keep its layout
+        y = llama(x, self.weight)
+        return y.transpose(1, 2).reshape(x.shape[0], -1).view(x.shape[0], -1), y
+
+
+def test_a_permuted_input_keeps_its_layout(reference_path):
+    x = torch.randn(2, 64, 3).to(torch.bfloat16).transpose(1, 2)
+    model = PermutedNorm()
+    fused = _fuse(model, (x,))
+    got, want = fused(x), model(x)
+    assert got[1].stride() == want[1].stride()
+    assert outputs_bytes_equal(got, want)
