@@ -45,7 +45,8 @@ class FusionConfig:
 
     enable: pattern names to run (None: all); disable: names not to run (FXFUSE_DISABLE adds to
     it); prologue_quant_max_m: token counts up to this use the GEMM that quantizes in its
-    prologue; target: gfx950 | gfx942 | sm90 | cpu (None: FXFUSE_TARGET, else detected);
+    prologue; target: gfx950 | gfx942 | sm90 | cpu (None: FXFUSE_TARGET, else the target of the
+    device of the graph's inputs);
     prepack_weights: after fusing, store the MXFP4 GEMMs' constant weights in gfx950's
     preshuffled layouts (SPEC §2) — None: where the target is gfx950, True / False: always /
     never (every target's kernels read both layouts).
