@@ -93,8 +93,17 @@ def _in_place_guard(m: Match, ctx) -> str | None:
     buffer = m["local"]
     if buffer.op == "placeholder":
         return f"the in-place all-reduce writes graph input {buffer.name}"
-    if alias_base(buffer) is not buffer:  # a slice of a wider buffer: its other views see it
-        return f"the in-place all-reduce writes {buffer.name}, a view of {alias_base(buffer).name}"
+    # A view of another tensor (a slice of a wider buffer, a reshape of a GEMM's output): that
+    # tensor and its other views would see the reduced values; fine where nothing else reads it.
+    node = buffer
+    while alias_base(node) is not node:
+        base = node.args[0]
+        if base.op == "placeholder":
+            return f"the in-place all-reduce writes {buffer.name}, a view of input {base.name}"
+        if len(base.users) != 1:
+            readers = ", ".join(u.name for u in base.users if u is not node)
+            return f"the in-place all-reduce writes {buffer.name}, a view of {base.name}: {readers}"
+        node = base
     others = [u.name for u in buffer.users if u not in (m["all_reduce"], m["inplace_copy"])]
     if others:
         return f"the all-reduced buffer {buffer.name} has other users ({', '.join(others)})"
