@@ -191,9 +191,9 @@ def _keeps_values(src, cast: fx.Node) -> bool:
     if a.dtype == b.dtype:
         return True
     if a.dtype.is_floating_point and b.dtype.is_floating_point:
-        return torch.finfo(b.dtype).bits >= torch.finfo(a.dtype).bits and (
-            torch.finfo(b.dtype).max >= torch.finfo(a.dtype).max
-        )
+        # range and precision both (fp16 → bf16 widens the range but loses digits)
+        fa, fb = torch.finfo(a.dtype), torch.finfo(b.dtype)
+        return fb.max >= fa.max and fb.eps <= fa.eps and fb.tiny <= fa.tiny
     if a.dtype.is_floating_point or b.dtype.is_floating_point:
         return False
     if b.dtype == torch.bool:
