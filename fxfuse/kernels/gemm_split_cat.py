@@ -566,10 +566,8 @@ def destinations(
         pieces = ref.piece_buffers(m, d, list(widths), view_piece, dtype, q.device)
         return tuple(pieces), (pieces, list(widths), d, None)
     ref.check_cat_args(m, n, dtype, q.device, d, *widths, y, "q")
-    s1, s2 = widths
-    out = torch.empty((m, d, s1 + y.shape[2]), dtype=dtype, device=q.device)
-    c2 = ref.split_cat_c2(torch.empty((m, d * (s1 + s2)), dtype=dtype, device=q.device), d, s1, s2)
-    return (out, c2), ([out, c2], [s1, s2], d, y)
+    out, c2 = ref.split_cat_buffers(m, d, *widths, y.shape[2], dtype, q.device)
+    return (out, c2), ([out, c2], list(widths), d, y)
 
 
 @triton.jit
@@ -906,9 +904,7 @@ def gemm_split_cat(
     _check_gemm_inputs(x, w, d)
     m = x.shape[0]
     ref.check_cat_args(m, w.shape[0], x.dtype, x.device, d, s1, s2, y, "x")
-    s3 = y.shape[2]
-    out = torch.empty((m, d, s1 + s3), dtype=x.dtype, device=x.device)
-    c2 = ref.split_cat_c2(torch.empty((m, w.shape[0]), dtype=x.dtype, device=x.device), d, s1, s2)
+    out, c2 = ref.split_cat_buffers(m, d, s1, s2, y.shape[2], x.dtype, x.device)
     _launch(x, w, d, [out, c2], [s1, s2], y, config, target)
     return out, c2
 

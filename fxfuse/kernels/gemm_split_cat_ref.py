@@ -51,6 +51,16 @@ def split_cat_c2(c: torch.Tensor, d: int, s1: int, s2: int) -> torch.Tensor:
     return c.view(c.shape[0], d, s1 + s2)[..., s1:]
 
 
+def split_cat_buffers(
+    m: int, d: int, s1: int, s2: int, s3: int, dtype: torch.dtype, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty (out, c2) of a split-cat as every implementation returns them: out (M, d, s1 + s3)
+    contiguous, c2 (M, d, s2) `split_cat_c2`'s view of an (M, d·(s1 + s2)) buffer."""
+    out = torch.empty((m, d, s1 + s3), dtype=dtype, device=device)
+    c = torch.empty((m, d * (s1 + s2)), dtype=dtype, device=device)
+    return out, split_cat_c2(c, d, s1, s2)
+
+
 def split_of(
     c: torch.Tensor, d: int, sizes: list[int] | tuple[int, ...], view_piece: int = -1
 ) -> tuple[torch.Tensor, ...]:

@@ -157,15 +157,12 @@ def _vendor_gemm_into(x, w, d: int, widths, dests) -> None:
         lo += width
 
 
-def _split_cat_outputs(x, w, d, s1, s2, y):
-    """Empty (out, c2) as every path returns them: out contiguous, c2 `split_cat_c2`'s layout."""
-    m = x.shape[0]
-    out = x.new_empty((m, d, s1 + y.shape[2]))
-    return out, ref.split_cat_c2(x.new_empty((m, w.shape[0])), d, s1, s2)
+def _split_cat_outputs(x, d, s1, s2, y):
+    return ref.split_cat_buffers(x.shape[0], d, s1, s2, y.shape[2], x.dtype, x.device)
 
 
 def _vendor_split_cat(x, w, d, s1, s2, y):
-    out, c2 = _split_cat_outputs(x, w, d, s1, s2, y)
+    out, c2 = _split_cat_outputs(x, d, s1, s2, y)
     _vendor_gemm_into(x, w, d, (s1, s2), (out[:, :, :s1], c2))
     out[:, :, s1:].copy_(y)
     return out, c2
@@ -202,7 +199,7 @@ def gemm_split_cat(
 @gemm_split_cat.register_fake
 def _(x, w, d, s1, s2, y):
     _check_split_cat(x, w, d, s1, s2, y)
-    return _split_cat_outputs(x, w, d, s1, s2, y)
+    return _split_cat_outputs(x, d, s1, s2, y)
 
 
 @fused_op("fxfuse::gemm_split", mutates_args=())
@@ -317,11 +314,10 @@ def _fp8_head_tiles_take(q: torch.Tensor) -> bool:
 
 def _quantized_fake(kind: str, gemm: tuple, out_dtype, d: int, widths: list, y, view_piece=-1):
     q = gemm[0]
-    n, _ = _check_quantized(kind, gemm, out_dtype, d, widths, y, view_piece)
+    _check_quantized(kind, gemm, out_dtype, d, widths, y, view_piece)
     if y is None:
         return ref.piece_buffers(q.shape[0], d, widths, view_piece, out_dtype, q.device)
-    c = y.new_empty((q.shape[0], n))
-    return y.new_empty((q.shape[0], d, widths[0] + y.shape[2])), ref.split_cat_c2(c, d, *widths)
+    return ref.split_cat_buffers(q.shape[0], d, *widths, y.shape[2], out_dtype, q.device)
 
 
 def _quantized_ops(kind: str):
